@@ -1,0 +1,14 @@
+"""specmac: speculative decoding across MLX, llama.cpp (GGUF) and PyTorch backends.
+
+Importing specmac imports no ML framework; backends load their framework on first use.
+"""
+
+from specmac.api import Generation, Pair, generate, stream
+from specmac.backends import Backend, BaseBackend, load_backend, registry
+from specmac.errors import SpecmacError
+from specmac.sampling import SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = ["Backend", "BaseBackend", "Generation", "Pair", "SamplingParams", "SpecmacError",
+           "__version__", "generate", "load_backend", "registry", "stream"]

@@ -1,0 +1,3 @@
+from specmac.cli import main
+
+main()

@@ -1,0 +1,109 @@
+"""A numpy language model with an exactly known distribution: tests, demos and probe controls.
+
+Logits depend on the last two tokens through seeded random tables, so the distribution of any
+continuation is computable exactly (``next_logits``). The draft of the pair is the target plus
+``noise`` times an independent table: noise 0 agrees perfectly, larger noise agrees less.
+``latency_ms`` and ``beta`` simulate the cost of a pass over n tokens, T1 * (1 + beta * (n - 1)),
+so the probes and the cost model can be exercised with numpy alone.
+"""
+
+from __future__ import annotations
+
+import string
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from specmac.backends import BaseBackend, Option
+from specmac.errors import BadOption
+from specmac.vocab import Vocab
+
+ALPHABET = string.ascii_lowercase + " " + string.digits + string.ascii_uppercase + ".,:;()=+-*/_'\"\n#[]"
+
+
+class SyntheticBackend(BaseBackend):
+    name = "synthetic"
+    library = "numpy"
+    options = {
+        "vocab_size": Option(int, 48, "number of ids including EOS, 3..%d" % (len(ALPHABET) + 1)),
+        "seed": Option(int, 0, "seed of the target's tables (shared by the draft)"),
+        "noise": Option(float, None, "draft perturbation; default 0 for a target, 0.7 for a draft"),
+        "sharpness": Option(float, 2.0, "scale of the logits; larger is more peaked"),
+        "eos_bias": Option(float, -3.0, "added to the EOS logit"),
+        "n_ctx": Option(int, 4096, "context window in tokens"),
+        "latency_ms": Option(float, 0.0, "simulated time of a one-token pass"),
+        "beta": Option(float, 0.0, "simulated serial fraction of a batched pass (0 parallel, 1 serial)"),
+    }
+
+    def __init__(self, model: str | None = None, *, role: str = "target", **opts) -> None:
+        o = {k: v.default for k, v in self.options.items()} | opts
+        if o["noise"] is None:
+            o["noise"] = 0.7 if role == "draft" else 0.0
+        V = o["vocab_size"]
+        if not 3 <= V <= len(ALPHABET) + 1:
+            raise BadOption(f"option vocab_size={V} is out of range: use 3..{len(ALPHABET) + 1}")
+        if o["n_ctx"] < 2:
+            raise BadOption(f"option n_ctx={o['n_ctx']} is out of range: use >= 2")
+        self.resolved = o
+        self.model_id = model or f"synthetic(seed={o['seed']}, noise={o['noise']})"
+        self.chars = ALPHABET[: V - 1]
+        self.eos_id = V - 1
+        self.vocab = Vocab([c.encode() for c in self.chars] + [b""], eos_ids=frozenset({V - 1}),
+                           special_ids=frozenset({V - 1}), n_logits=V)
+        self.n_ctx = o["n_ctx"]
+        rng = np.random.default_rng(o["seed"])
+        # row V stands for "no token" before the start of the sequence
+        self.last_table = rng.standard_normal((V + 1, V)) * o["sharpness"]
+        self.prev_table = rng.standard_normal((V + 1, V)) * o["sharpness"] * 0.5
+        self.last_table[:, V - 1] += o["eos_bias"]
+        if o["noise"]:
+            noise = np.random.default_rng([o["seed"], 1]).standard_normal((V + 1, V))
+            self.last_table = self.last_table + o["noise"] * o["sharpness"] * noise
+        self.tokens: list[int] = []
+
+    # --- exact distribution -------------------------------------------------------------
+    def next_logits(self, context: Sequence[int]) -> np.ndarray:
+        """[V] logits of the token that follows ``context``: exactly what ``score`` returns."""
+        V = self.vocab.size
+        last = context[-1] if len(context) >= 1 else V
+        prev = context[-2] if len(context) >= 2 else V
+        return (self.last_table[last] + self.prev_table[prev]).astype(np.float32)
+
+    # --- the contract ---------------------------------------------------------------------
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def score(self, tokens: Sequence[int]) -> np.ndarray:
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("score needs at least one token")
+        V = self.vocab.size
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise ValueError(f"{len(self.tokens) + len(tokens)} tokens exceed n_ctx={self.n_ctx}")
+        if min(tokens) < 0 or max(tokens) >= V:
+            raise ValueError(f"token ids must be in [0, {V})")
+        full = [V, V] + self.tokens + tokens
+        last = np.array(full[-len(tokens):])
+        prev = np.array(full[-len(tokens) - 1 : -1])
+        self.tokens.extend(tokens)
+        self._simulate_cost(len(tokens))
+        return (self.last_table[last] + self.prev_table[prev]).astype(np.float32)
+
+    def _simulate_cost(self, n: int) -> None:
+        if self.resolved["latency_ms"] > 0:
+            time.sleep(self.resolved["latency_ms"] * (1 + self.resolved["beta"] * (n - 1)) / 1e3)
+
+    def rewind(self, n_past: int) -> None:
+        if not 0 <= n_past <= len(self.tokens):
+            raise ValueError(f"cannot rewind to {n_past}: the cache holds {len(self.tokens)}")
+        del self.tokens[n_past:]
+
+    def encode(self, text: str) -> list[int]:
+        # characters outside the alphabet fold onto it, so any prompt is accepted
+        n = len(self.chars)
+        return [self.chars.find(c) if c in self.chars else ord(c) % n for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.chars[i] for i in ids if i != self.eos_id)

@@ -1,0 +1,82 @@
+"""Statistics that fall out of the loop's events: acceptance, tokens per pass, time split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specmac.speculative import Event
+
+
+@dataclass
+class RunStats:
+    """Accumulates events. Per-position acceptance is conditional: of the steps that reached
+    draft position i (all earlier drafts accepted), the fraction that accepted it."""
+
+    k: int | str | None = None
+    n_tokens: int = 0
+    n_target_passes: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    reached: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    t_other: float = 0.0
+    finish_reason: str | None = None
+
+    def add(self, e: Event) -> None:
+        if e.finish_reason == "context" and not e.tokens and not e.n_drafted and not e.t_verify:
+            self.finish_reason = "context"
+            return
+        self.n_tokens += len(e.tokens)
+        self.n_target_passes += 1
+        self.n_drafted += e.n_drafted
+        self.n_accepted += e.n_accepted
+        grow = e.n_drafted - len(self.reached)
+        if grow > 0:
+            self.reached += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(min(e.n_accepted + 1, e.n_drafted)):
+            self.reached[i] += 1
+            self.accepted_at[i] += i < e.n_accepted
+        self.t_draft += e.t_draft
+        self.t_verify += e.t_verify
+        self.t_other += e.t_other
+        self.finish_reason = e.finish_reason or self.finish_reason
+
+    @property
+    def seconds(self) -> float:
+        return self.t_draft + self.t_verify + self.t_other
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.n_accepted / self.n_drafted if self.n_drafted else None
+
+    @property
+    def tokens_per_target_pass(self) -> float | None:
+        return self.n_tokens / self.n_target_passes if self.n_target_passes else None
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        return [a / r if r else None for a, r in zip(self.accepted_at, self.reached)]
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.n_tokens / self.seconds if self.seconds > 0 else None
+
+    def to_dict(self, speculative: bool = True) -> dict:
+        s = self.seconds
+        return {
+            "k": self.k,
+            "n_tokens": self.n_tokens,
+            "n_target_passes": self.n_target_passes,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "acceptance_rate": self.acceptance_rate if speculative else None,
+            "tokens_per_target_pass": self.tokens_per_target_pass if speculative else None,
+            "per_position_acceptance": self.per_position_acceptance if speculative else None,
+            "tokens_per_second": self.tokens_per_second,
+            "seconds": s,
+            "time_split": {"draft": self.t_draft, "verify": self.t_verify, "other": self.t_other},
+            "finish_reason": self.finish_reason,
+        }

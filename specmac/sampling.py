@@ -1,0 +1,83 @@
+"""Sampling parameters and the logits -> warped-probabilities transform (numpy, float64).
+
+The *warped* distribution is what speculative decoding preserves, so the draft and the target go
+through exactly this function with the same parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from specmac.errors import BadOption
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 is greedy; top_k 0, top_p 1 and min_p 0 switch those filters off."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+            raise BadOption(f"temperature {t!r} is out of range: use a number >= 0 (0 = greedy)")
+        if not (isinstance(k, int) and not isinstance(k, bool) and k >= 0):
+            raise BadOption(f"top_k {k!r} is out of range: use an integer >= 0 (0 = off)")
+        if not (isinstance(p, (int, float)) and 0 < p <= 1):
+            raise BadOption(f"top_p {p!r} is out of range: use a number in (0, 1] (1 = off)")
+        if not (isinstance(m, (int, float)) and 0 <= m < 1):
+            raise BadOption(f"min_p {m!r} is out of range: use a number in [0, 1) (0 = off)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Logits [..., V] -> probabilities [..., V] (float64) after temperature, top-k, top-p, min-p.
+
+    Greedy (temperature 0) gives the one-hot of the argmax (lowest id on ties).
+    Entries of -inf (padded vocabulary rows, masked ids) get probability 0.
+    """
+    x = np.asarray(logits, dtype=np.float64)
+    if params.greedy:
+        out = np.zeros_like(x)
+        np.put_along_axis(out, np.argmax(x, axis=-1)[..., None], 1.0, axis=-1)
+        return out
+    x = x / params.temperature
+    x = x - np.max(x, axis=-1, keepdims=True)
+    p = np.exp(x)
+    p /= p.sum(axis=-1, keepdims=True)
+    V = p.shape[-1]
+    if 0 < params.top_k < V:
+        # keep the k largest; ties at the boundary are all kept, so the rule is order-free
+        kth = -np.partition(-p, params.top_k - 1, axis=-1)[..., params.top_k - 1 : params.top_k]
+        p = np.where(p >= kth, p, 0.0)
+    if params.top_p < 1:
+        # smallest prefix of the sorted distribution whose mass reaches top_p (after top-k)
+        s = np.sort(p, axis=-1)[..., ::-1]
+        c = np.cumsum(s, axis=-1) / s.sum(axis=-1, keepdims=True)
+        n_keep = np.minimum((c < params.top_p).sum(axis=-1, keepdims=True), V - 1)
+        cutoff = np.take_along_axis(s, n_keep, axis=-1)
+        p = np.where(p >= cutoff, p, 0.0)
+    if params.min_p > 0:
+        p = np.where(p >= params.min_p * p.max(axis=-1, keepdims=True), p, 0.0)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from a probability vector [V] (inverse CDF; exact zeros are never drawn)."""
+    c = np.cumsum(probs)
+    i = min(int(np.searchsorted(c, rng.random() * c[-1], side="right")), len(probs) - 1)
+    while probs[i] == 0:  # round-off can land past the last nonzero id; step back to it
+        i -= 1
+    return i

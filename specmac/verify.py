@@ -1,0 +1,52 @@
+"""One verification step: which draft tokens the target keeps, and the token that follows.
+
+Rejection rule (Leviathan et al. 2023, Chen et al. 2023), for drafts d_1..d_K drawn from q_1..q_K
+and target distributions p_1..p_{K+1}:
+    accept d_i with probability min(1, p_i(d_i) / q_i(d_i));
+    at the first rejection emit a sample of normalize(max(0, p_i - q_i)) and stop;
+    if all K are accepted, emit a bonus sample of p_{K+1}.
+Every emitted token is then distributed exactly as the target's own sampling would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from specmac.sampling import sample
+
+# (drafts [K], q [K, V], p [K+1, V], rng) -> (n_accepted, next_token)
+VerifyRule = Callable[[Sequence[int], np.ndarray, np.ndarray, np.random.Generator], tuple[int, int]]
+
+RESIDUAL_EPS = 1e-12
+
+
+def acceptance_probability(p_d: float, q_d: float) -> float:
+    """min(1, p(d)/q(d)), written so that q(d) = 0 never divides."""
+    return 1.0 if p_d >= q_d else p_d / q_d
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """normalize(max(0, p - q)) [V]; falls back to p when the residual mass is ~0 (p == q)."""
+    r = np.maximum(p - q, 0.0)
+    s = r.sum()
+    # with p == q a rejection has probability 0, but round-off can still reach here
+    return r / s if s > RESIDUAL_EPS else p
+
+
+def verify_sampled(drafts, q, p, rng) -> tuple[int, int]:
+    """The rejection rule. q: [K, V] draft probs, p: [K+1, V] target probs (both warped)."""
+    for i, d in enumerate(drafts):
+        if rng.random() >= acceptance_probability(p[i, d], q[i, d]):
+            return i, sample(residual(p[i], q[i]), rng)
+    return len(drafts), sample(p[len(drafts)], rng)
+
+
+def verify_greedy(drafts, q, p, rng=None) -> tuple[int, int]:
+    """Greedy rule (temperature 0): accept while d_i is the target's argmax."""
+    target = np.argmax(p, axis=-1)  # [K+1]
+    for i, d in enumerate(drafts):
+        if d != target[i]:
+            return i, int(target[i])
+    return len(drafts), int(target[len(drafts)])
