@@ -28,7 +28,7 @@ class SyntheticBackend(BaseBackend):
     options = {
         "vocab_size": Option(int, 48, "number of ids including EOS, 3..%d" % (len(ALPHABET) + 1)),
         "seed": Option(int, 0, "seed of the target's tables (shared by the draft)"),
-        "noise": Option(float, None, "draft perturbation; default 0 for a target, 0.7 for a draft"),
+        "noise": Option(float, None, "draft perturbation; default 0 for a target, 0.5 for a draft"),
         "sharpness": Option(float, 2.0, "scale of the logits; larger is more peaked"),
         "eos_bias": Option(float, -3.0, "added to the EOS logit"),
         "n_ctx": Option(int, 4096, "context window in tokens"),
@@ -39,7 +39,7 @@ class SyntheticBackend(BaseBackend):
     def __init__(self, model: str | None = None, *, role: str = "target", **opts) -> None:
         o = {k: v.default for k, v in self.options.items()} | opts
         if o["noise"] is None:
-            o["noise"] = 0.7 if role == "draft" else 0.0
+            o["noise"] = 0.5 if role == "draft" else 0.0
         V = o["vocab_size"]
         if not 3 <= V <= len(ALPHABET) + 1:
             raise BadOption(f"option vocab_size={V} is out of range: use 3..{len(ALPHABET) + 1}")

@@ -1,0 +1,120 @@
+"""Hugging Face folders shared by the mlx and torch backends: model resolution and vocabularies.
+
+Imports transformers lazily (inside functions) so that it can be used by both backends without
+importing one framework for the other.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from specmac.errors import ModelNotFound
+from specmac.vocab import Vocab
+
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def resolve_model(model: str | None, role: str) -> str:
+    """None -> the embedded pair's folder; a local folder (must hold config.json); or a hub id."""
+    if model is None:
+        from specmac import assets
+
+        return str(assets.hf_dir(role))
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{model} has no config.json: point at a Hugging Face model folder "
+                                "(config.json + *.safetensors + tokenizer files)")
+        return str(path)
+    if path.exists():
+        raise ModelNotFound(f"{model} is a file, not a model folder: point at a Hugging Face folder "
+                            "(use --target gguf for .gguf files)")
+    if HUB_ID.match(model) and not model.startswith((".", "~")):
+        return model  # a hub id; downloaded by the library, may fail offline with its own message
+    raise ModelNotFound(f"model {model} not found: give an existing folder or a hub id like org/name")
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    """The GPT-2 byte-level table: printable bytes map to themselves, the rest to 256+n."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+def _is_byte_level(tokenizer) -> bool:
+    spec = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
+    decoders = spec.get("decoders", [spec]) if spec.get("type") == "Sequence" else [spec]
+    return any(d.get("type") == "ByteLevel" for d in decoders)
+
+
+def _piece_bytes(piece: str, byte_level: bool) -> bytes:
+    if byte_level:
+        table = _unicode_to_byte()
+        if all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+        return piece.encode()  # an added token written in plain text
+    m = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+    return bytes([int(m.group(1), 16)]) if m else piece.replace("▁", " ").encode()
+
+
+def vocab_from_tokenizer(tokenizer, n_logits: int, extra_eos: tuple[int, ...] = ()) -> Vocab:
+    """A transformers fast tokenizer -> Vocab (see specmac.vocab for the token-bytes rule)."""
+    byte_level = _is_byte_level(tokenizer)
+    n = len(tokenizer)
+    special = set(tokenizer.all_special_ids)
+    special |= {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
+    token_bytes = [(p or "").encode() if i in special else _piece_bytes(p or "", byte_level)
+                   for i, p in enumerate(pieces)]
+    eos = {tokenizer.eos_token_id, *extra_eos} - {None}
+    return Vocab(token_bytes, eos_ids=frozenset(eos), bos_id=tokenizer.bos_token_id,
+                 special_ids=frozenset(special), n_logits=max(n_logits, n))
+
+
+def generation_eos_ids(folder: str) -> tuple[int, ...]:
+    """EOS ids listed in generation_config.json (chat models often list several)."""
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return ()
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+
+
+def load_tokenizer(model: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+    except OSError as e:
+        raise ModelNotFound(f"cannot load a tokenizer from {model}: {str(e).splitlines()[0]}") from None
+
+
+def peek_vocab(model: str | None, role: str = "target", trust_remote_code: bool = False) -> Vocab:
+    """The vocabulary of a HF model without loading its weights."""
+    folder = resolve_model(model, role)
+    tok = load_tokenizer(folder, trust_remote_code)
+    n_logits = 0
+    config = Path(folder) / "config.json"
+    if config.is_file():
+        cfg = json.loads(config.read_text())
+        n_logits = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size") or 0
+    return vocab_from_tokenizer(tok, n_logits, generation_eos_ids(folder))
+
+
+def apply_chat_template(tokenizer, prompt: str) -> str:
+    from specmac.errors import SpecmacError
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise SpecmacError("this model has no chat template: drop --chat")
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)

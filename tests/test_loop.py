@@ -1,0 +1,252 @@
+"""Level 2 of the proof and the loop's contract, with the synthetic pair (numpy only).
+
+The synthetic target's next-token logits are known exactly, so the distribution of the first L
+generated tokens is computable by enumeration; the whole loop is checked against it.
+"""
+
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+from scipy import stats as sstats
+
+from specmac.api import Pair
+from specmac.backends.synthetic import SyntheticBackend
+from specmac.drafters import Drafter, ModelDrafter, NgramDrafter
+from specmac.sampling import SamplingParams, sample, warp
+from specmac.stats import goodness_of_fit
+from specmac.verify import acceptance_probability
+
+L = 3  # tokens per sample
+
+
+def synthetic_pair(V=6, noise=0.8, eos_bias=-1.0, seed=3, **kw):
+    target = SyntheticBackend(role="target", vocab_size=V, seed=seed, eos_bias=eos_bias, **kw)
+    draft = SyntheticBackend(role="draft", vocab_size=V, seed=seed, eos_bias=eos_bias, noise=noise, **kw)
+    return Pair(target, ModelDrafter(draft))
+
+
+def exact_distribution(target, prompt, params, length=L):
+    """{token tuple: probability}; EOS ends a sequence early (and is not part of it)."""
+    dist = defaultdict(float)
+
+    def walk(seq, prob):
+        if len(seq) == length:
+            dist[tuple(seq)] += prob
+            return
+        p = warp(target.next_logits(prompt + seq)[None], params)[0]
+        for x in np.flatnonzero(p):
+            if x == target.eos_id:
+                dist[tuple(seq)] += prob * p[x]
+            else:
+                walk(seq + [int(x)], prob * p[x])
+
+    walk([], 1.0)
+    return dist
+
+
+def sample_sequences(pair, prompt, params, k, n, seed, rule=None):
+    return Counter(tuple(pair.generate(prompt, params=params, max_tokens=L, k=k, seed=seed * 100_003 + i,
+                                       rule=rule).token_ids) for i in range(n))
+
+
+def gof(pair, prompt, params, k, n=3000, seed=0, rule=None):
+    exact = exact_distribution(pair.target, prompt, params)
+    counts = sample_sequences(pair, prompt, params, k, n, seed, rule)
+    keys = sorted(set(exact) | set(counts))
+    return goodness_of_fit(np.array([counts[x] for x in keys]), np.array([exact.get(x, 0.0) for x in keys]))
+
+
+def test_exact_distribution_sums_to_one():
+    pair = synthetic_pair()
+    d = exact_distribution(pair.target, [1, 2], SamplingParams(1.0))
+    assert abs(sum(d.values()) - 1) < 1e-12
+    assert any(len(s) < L for s in d)  # EOS paths are included
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7), SamplingParams(1.0, top_k=3),
+                                    SamplingParams(1.2, top_p=0.8), SamplingParams(1.0, min_p=0.1)],
+                         ids=["t1", "t0.7", "topk3", "topp0.8", "minp0.1"])
+def test_loop_matches_exact_distribution(k, params):
+    pair = synthetic_pair()
+    res = gof(pair, [1, 2], params, k)
+    assert res.p_value > 1e-3, res
+
+
+def test_ngram_drafter_is_lossless():
+    target = SyntheticBackend(role="target", vocab_size=6, seed=3, eos_bias=-1.0)
+    pair = Pair(target, NgramDrafter())
+    prompt = [0, 1, 2, 0, 1, 2, 0, 1]  # the lookup proposes 2, 0, 1, ...
+    res = gof(pair, prompt, SamplingParams(1.0), k=3)
+    assert res.p_value > 1e-3, res
+    assert pair.generate(prompt, params=SamplingParams(1.0), max_tokens=8, k=3).stats.n_drafted > 0
+
+
+@pytest.mark.slow
+def test_p_values_are_calibrated():
+    """Over many seeds, p < 0.05 about 5% of the time and the p-values look uniform."""
+    pair = synthetic_pair()
+    pvals = [gof(pair, [4], SamplingParams(1.0), k=2, n=600, seed=s).p_value for s in range(60)]
+    rejections = sum(p < 0.05 for p in pvals)
+    assert rejections <= 9, pvals  # P(Binomial(60, 0.05) > 9) < 0.005
+    assert sstats.kstest(pvals, "uniform").pvalue > 1e-3
+
+
+def lossy_rule(drafts, q, p, rng):
+    """Negative control: accept whenever q(d) <= p(d), else sample p afresh (no residual)."""
+    for i, d in enumerate(drafts):
+        if q[i, d] > p[i, d]:
+            return i, sample(p[i], rng)
+    return len(drafts), sample(p[len(drafts)], rng)
+
+
+def test_negative_control_is_rejected_at_the_same_sample_size():
+    pair = synthetic_pair()
+    assert gof(pair, [1, 2], SamplingParams(1.0), k=2).p_value > 1e-3
+    assert gof(pair, [1, 2], SamplingParams(1.0), k=2, rule=lossy_rule).p_value < 1e-6
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_speculative_equals_greedy_autoregressive(k):
+    pair = synthetic_pair(V=40, noise=0.5, eos_bias=-8)
+    base = Pair(pair.target, Drafter())
+    greedy = SamplingParams(0.0)
+    for prompt in ([1], [5, 6, 7], [30, 2]):
+        spec = pair.generate(prompt, params=greedy, max_tokens=40, k=k)
+        assert spec.token_ids == base.generate(prompt, params=greedy, max_tokens=40).token_ids
+        assert spec.stats.n_drafted > 0
+
+
+def test_greedy_acceptance_is_complete_when_draft_equals_target():
+    pair = synthetic_pair(V=40, noise=0.0, eos_bias=-8)
+    g = pair.generate([1], params=SamplingParams(0.0), max_tokens=33, k=4)
+    assert g.stats.acceptance_rate == 1.0 and g.stats.n_tokens == 33
+
+
+def check_caches(pair, seq):
+    assert pair.target.n_past == len(seq) - 1
+    assert pair.drafter.backend.n_past <= len(seq) - 1
+    assert pair.drafter.seen == list(seq[: pair.drafter.backend.n_past])
+
+
+class ScriptedDrafter(Drafter):
+    """Proposes a fixed continuation (one-hot q), e.g. one that contains EOS."""
+
+    name = "scripted"
+
+    def __init__(self, script):
+        self.script = script
+
+    def max_k(self, n_seq):
+        return 64
+
+    def propose(self, seq, k, params, rng, n_vocab):
+        drafts = self.script[len(seq) - self.prompt_len:][:k]
+        q = np.zeros((len(drafts), n_vocab))
+        q[np.arange(len(drafts)), drafts] = 1
+        return drafts, q
+
+
+def test_eos_inside_an_accepted_draft_stops_there():
+    target = SyntheticBackend(vocab_size=12, seed=8, eos_bias=0.0)
+    greedy = SamplingParams(0.0)
+    # the target's own greedy continuation, with its EOS, as the draft: all accepted up to EOS
+    seq, cont = [3], []
+    while len(cont) < 30:
+        t = int(np.argmax(target.next_logits(seq + cont)))
+        cont.append(t)
+        if t == target.eos_id:
+            break
+    assert cont[-1] == target.eos_id and len(cont) >= 2, "pick a seed whose greedy text hits EOS"
+    drafter = ScriptedDrafter(cont)
+    drafter.prompt_len = 1
+    g = Pair(target, drafter).generate(seq, params=greedy, max_tokens=50, k=len(cont) + 2)
+    assert g.token_ids == cont[:-1]
+    assert g.stats.finish_reason == "eos"
+    assert target.n_past == len(seq) + len(g.token_ids) - 1
+
+
+def test_max_tokens_in_the_middle_of_a_draft_and_k_above_budget():
+    pair = synthetic_pair(V=40, noise=0.0, eos_bias=-8)  # everything accepted
+    for max_tokens in (1, 2, 5, 7):
+        events = list(pair.stream([1, 2], params=SamplingParams(1.0), max_tokens=max_tokens, k=8))
+        out = [t for e in events for t in e.tokens]
+        assert len(out) == max_tokens
+        assert all(e.k <= max_tokens - 1 for e in events)
+        assert events[-1].finish_reason == "length"
+        check_caches(pair, [1, 2] + out)
+
+
+def test_context_window_stops_cleanly():
+    pair = synthetic_pair(V=40, noise=0.3, eos_bias=-8, n_ctx=16)
+    g = pair.generate([1, 2, 3], params=SamplingParams(1.0), max_tokens=100, k=4)
+    assert g.stats.finish_reason == "context"
+    assert 3 + g.stats.n_tokens == 17  # the cache is full: the last token is emitted, never scored
+    assert pair.target.n_past == 16
+
+
+def test_consumer_stopping_early_leaves_caches_consistent():
+    pair = synthetic_pair(V=40, noise=0.8, eos_bias=-8)
+    stream = pair.stream([1, 2], params=SamplingParams(1.0), max_tokens=50, k=4, seed=1)
+    out = [t for _, e in zip(range(3), stream) for t in e.tokens]
+    stream.close()
+    check_caches(pair, [1, 2] + out)
+
+
+class Exploding(SyntheticBackend):
+    """Raises KeyboardInterrupt on its n-th score call."""
+
+    def __init__(self, at, **kw):
+        super().__init__(**kw)
+        self.calls, self.at = 0, at
+
+    def score(self, tokens):
+        self.calls += 1
+        if self.calls == self.at:
+            super().score(tokens)  # the cache has grown when the interrupt lands
+            raise KeyboardInterrupt
+        return super().score(tokens)
+
+
+@pytest.mark.parametrize("where", ["target", "draft"])
+def test_interrupt_leaves_caches_consistent_and_reusable(where):
+    kw = {"vocab_size": 40, "seed": 2, "eos_bias": -8.0}
+    target = Exploding(at=4, role="target", **kw) if where == "target" else SyntheticBackend(**kw)
+    draft = Exploding(at=6, role="draft", **kw) if where == "draft" else SyntheticBackend(role="draft", **kw)
+    pair = Pair(target, ModelDrafter(draft))
+    out = []
+    with pytest.raises(KeyboardInterrupt):
+        for e in pair.stream([1, 2], params=SamplingParams(1.0), max_tokens=60, k=3, seed=4):
+            out += e.tokens
+    check_caches(pair, [1, 2] + out)
+    # the same objects generate exactly what fresh ones do
+    again = pair.generate([1, 2], params=SamplingParams(1.0), max_tokens=30, k=3, seed=9)
+    fresh = Pair(SyntheticBackend(**kw), ModelDrafter(SyntheticBackend(role="draft", **kw)))
+    assert again.token_ids == fresh.generate([1, 2], params=SamplingParams(1.0), max_tokens=30, k=3,
+                                             seed=9).token_ids
+
+
+def test_stats_fall_out_of_the_loop():
+    pair = synthetic_pair(V=40, noise=0.6, eos_bias=-8)
+    g = pair.generate([1], params=SamplingParams(1.0), max_tokens=64, k=4, seed=0)
+    s = g.stats
+    assert s.n_tokens == 64 == len(g.token_ids)
+    assert s.tokens_per_target_pass == pytest.approx(64 / s.n_target_passes)
+    assert s.acceptance_rate == pytest.approx(s.n_accepted / s.n_drafted)
+    assert len(s.per_position_acceptance) == 4
+    # per-position rates multiply to the observed tokens per pass (up to the clipped last steps)
+    assert all(0 <= a <= 1 for a in s.per_position_acceptance)
+    assert s.seconds > 0 and s.tokens_per_second > 0
+
+
+def test_acceptance_tracks_the_analytic_rate():
+    """One-position acceptance equals sum_x min(p(x), q(x)) for the first draft position."""
+    pair = synthetic_pair(V=8, noise=0.8, eos_bias=-8)
+    prompt, params = [1, 2], SamplingParams(1.0)
+    p = warp(pair.target.next_logits(prompt)[None], params)[0]
+    q = warp(pair.drafter.backend.next_logits(prompt)[None], params)[0]
+    expected = sum(q[x] * acceptance_probability(p[x], q[x]) for x in range(8))
+    acc = [pair.generate(prompt, params=params, max_tokens=2, k=1, seed=i).stats.n_accepted
+           for i in range(4000)]
+    assert abs(np.mean(acc) - expected) < 4 * np.sqrt(expected * (1 - expected) / 4000)
