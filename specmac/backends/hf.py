@@ -22,7 +22,11 @@ def resolve_model(model: str | None, role: str) -> str:
     if model is None:
         from specmac import assets
 
-        return str(assets.hf_dir(role))
+        folder = assets.hf_dir(role)
+        if not (folder / "config.json").is_file():
+            raise ModelNotFound(f"the embedded {role} model is missing from {folder}: reinstall specmac "
+                                "or pass a model")
+        return str(folder)
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

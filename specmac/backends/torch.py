@@ -1,0 +1,197 @@
+"""PyTorch via transformers: any causal LM in a Hugging Face folder (safetensors only), cpu | mps | cuda.
+
+The KV cache is a transformers ``DynamicCache``; rewinding crops it. Logits come back as float32
+numpy rows, one per appended token.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from specmac.backends import BaseBackend, Option, hf
+from specmac.errors import BadOption, ModelNotFound, SpecmacError
+from specmac.vocab import Vocab
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+MAX_DEFAULT_CTX = 4096  # the default window; a KV cache beyond it is rarely what a laptop wants
+
+
+def default_device() -> str:
+    """The fastest device present: cuda, then mps, then cpu."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for every kernel queued on ``device`` (cpu work is already synchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+class TorchBackend(BaseBackend):
+    name = "torch"
+    library = "transformers"
+    options = {
+        "device": Option(str, None, "cpu, mps or cuda; default the first available of cuda, mps, cpu",
+                         ("cpu", "mps", "cuda")),
+        "dtype": Option(str, None, "compute dtype; default float32 on cpu, float16 on mps/cuda",
+                        tuple(DTYPES)),
+        "n_threads": Option(int, None, "torch CPU threads (process-wide); default torch's own"),
+        "trust_remote_code": Option(bool, False, "run modelling code shipped with the model"),
+        "n_ctx": Option(int, None, f"context window; default max_position_embeddings, at most "
+                                   f"{MAX_DEFAULT_CTX}"),
+    }
+
+    def __init__(self, model: str | None = None, *, role: str = "target", **opts) -> None:
+        o = {k: v.default for k, v in self.options.items()} | opts
+        folder = hf.resolve_model(model, role)
+        device = o["device"] or default_device()
+        if device not in self.devices():
+            raise BadOption(f"option device={device} is not available here: use one of "
+                            f"{', '.join(self.devices())}")
+        dtype = o["dtype"] or ("float32" if device == "cpu" else "float16")
+        if o["n_threads"] is not None:
+            if o["n_threads"] < 1:
+                raise BadOption(f"option n_threads={o['n_threads']} is out of range: use >= 1")
+            torch.set_num_threads(o["n_threads"])
+        self.model_id, self.device = model or folder, torch.device(device)
+        self.tokenizer = hf.load_tokenizer(folder, o["trust_remote_code"])
+        self.model = load_model(folder, DTYPES[dtype], self.device, o["trust_remote_code"])
+        config = self.model.config.get_text_config(decoder=True)
+        self.n_ctx = context_window(config, o["n_ctx"])
+        self.vocab = hf.vocab_from_tokenizer(self.tokenizer, config.vocab_size, hf.generation_eos_ids(folder))
+        self._keep_arg = logits_to_keep_arg(self.model)
+        self.cache: DynamicCache | None = new_cache(self.model)  # checks now that it can be rewound
+        self._n_past = 0
+        self.resolved = {"device": device, "dtype": dtype, "n_threads": torch.get_num_threads(),
+                         "trust_remote_code": o["trust_remote_code"], "n_ctx": self.n_ctx,
+                         "logits_to_keep": self._keep_arg is not None}
+
+    @classmethod
+    def devices(cls) -> list[str]:
+        return ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + (
+            ["mps"] if torch.backends.mps.is_available() else [])
+
+    @classmethod
+    def peek_vocab(cls, model: str | None, role: str = "target", **opts) -> Vocab:
+        """The vocabulary from the tokenizer files alone (no weights are read)."""
+        return hf.peek_vocab(model, role, opts.get("trust_remote_code", False))
+
+    # --- the contract ---------------------------------------------------------------------
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    def score(self, tokens: Sequence[int]) -> np.ndarray:
+        return self._forward(tokens, keep_last=False)  # [n, n_logits]
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        return self._forward(tokens, keep_last=True)[-1]  # [n_logits]
+
+    def _forward(self, tokens: Sequence[int], keep_last: bool) -> np.ndarray:
+        ids = self._check(tokens)
+        if self.cache is None:
+            self.cache = new_cache(self.model)
+        kw = {self._keep_arg: 1} if keep_last and self._keep_arg else {}
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, cache=self.cache, use_cache=True, **kw)
+        self._n_past += ids.shape[1]
+        return out.logits[0].float().cpu().numpy()
+
+    def _check(self, tokens: Sequence[int]) -> torch.Tensor:
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("score needs at least one token")
+        if self._n_past + len(tokens) > self.n_ctx:
+            raise ValueError(f"{self._n_past + len(tokens)} tokens exceed n_ctx={self.n_ctx}")
+        # an out-of-range id is a device-side assert on cuda, which kills the process
+        if min(tokens) < 0 or max(tokens) >= self.vocab.n_logits:
+            raise ValueError(f"token ids must be in [0, {self.vocab.n_logits})")
+        return torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, n]
+
+    def rewind(self, n_past: int) -> None:
+        if not 0 <= n_past <= self._n_past:
+            raise ValueError(f"cannot rewind to {n_past}: the cache holds {self._n_past}")
+        if n_past == 0:
+            self.cache = None  # cheaper than cropping everything, and frees the memory
+        elif n_past < self._n_past:
+            self.cache.crop(n_past - self._n_past)  # transformers 5: a negative count removes tokens
+        self._n_past = n_past
+
+    def reset(self) -> None:
+        self.rewind(0)
+
+    def sync(self) -> None:
+        synchronize(self.device)
+
+    def encode(self, text: str) -> list[int]:
+        # the tokenizer's default special tokens, as transformers' text-generation pipeline uses; not
+        # when the text already starts with BOS (a chat template wrote it), which would double it
+        bos = self.tokenizer.bos_token
+        return self.tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def apply_chat_template(self, prompt: str) -> str:
+        return hf.apply_chat_template(self.tokenizer, prompt)
+
+
+def load_model(folder: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool):
+    """from_pretrained with safetensors only (pickle checkpoints can run code when loaded)."""
+    path = Path(folder)
+    if path.is_dir() and not any(path.glob("*.safetensors")):
+        raise ModelNotFound(f"{folder} has no .safetensors weights: convert the checkpoint to safetensors "
+                            "(pickled .bin/.pt files are not loaded)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True,
+                                                     trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:  # missing files, unknown architecture, remote code refused
+        raise ModelNotFound(f"cannot load {folder} with transformers: {one_line(e)}") from None
+    return model.to(device).eval()
+
+
+def one_line(e: Exception) -> str:
+    text = str(e).strip()
+    line = (text.splitlines() or [type(e).__name__])[0]
+    if "trust_remote_code" in text:  # transformers puts its hint on a later line
+        line += " Set the option trust_remote_code=true only if you trust that code."
+    return line
+
+
+def context_window(config, n_ctx: int | None) -> int:
+    limit = getattr(config, "max_position_embeddings", None) or MAX_DEFAULT_CTX
+    if n_ctx is None:
+        return min(limit, MAX_DEFAULT_CTX)
+    if not 2 <= n_ctx <= limit:
+        raise BadOption(f"option n_ctx={n_ctx} is out of range: use 2..{limit} (max_position_embeddings)")
+    return n_ctx
+
+
+def logits_to_keep_arg(model) -> str | None:
+    """The forward() keyword that limits the logits to the last rows, if this model has one."""
+    params = inspect.signature(model.forward).parameters
+    return next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+
+
+def new_cache(model) -> DynamicCache:
+    """A DynamicCache laid out from the config; fails early if it cannot be rewound."""
+    cache = DynamicCache(config=model.config)
+    # sliding-window layers drop old states unless told to keep them until the next crop
+    cache.activate_past_recording()
+    if not cache.is_croppable:
+        kinds = sorted({type(layer).__name__ for layer in cache.layers})
+        raise SpecmacError(f"this model's cache ({', '.join(kinds)}) cannot be rewound, so it cannot "
+                           "verify drafts: use a model with attention-only layers")
+    return cache
