@@ -1,0 +1,350 @@
+"""llama.cpp through llama-cpp-python's low-level API: GGUF files, CPU or GPU offload.
+
+``score`` builds its own ``llama_batch`` and asks for logits at exactly the positions it returns (no
+``logits_all``, which would reserve n_ctx x vocab floats); ``rewind`` removes KV entries with
+``llama_memory_seq_rm``. llama.cpp's log is captured while loading, so a failure is one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import weakref
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from specmac.backends import BaseBackend, Option
+from specmac.errors import BadOption, ContextOverflow, ModelNotFound, SpecmacError
+from specmac.vocab import Vocab
+
+GGUF_MAGIC = b"GGUF"
+HUB_FILE = re.compile(r"^[\w.-]+/[\w.-]+:[^:]+$")  # repo_id:filename
+ALL_LAYERS = 0x7FFFFFFF  # llama.cpp clamps this to the model's layer count
+FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+              "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+LOG_ERROR = 4  # GGML_LOG_LEVEL_ERROR in the ggml this package builds
+
+
+# --- device and thread decisions --------------------------------------------------------------
+def gpu_offload() -> str | None:
+    """The accelerator this llama.cpp build offloads layers to ("metal", "cuda", "gpu"), or None."""
+    if not llama_cpp.llama_supports_gpu_offload():
+        return None
+    info = llama_cpp.llama_print_system_info().decode(errors="replace").upper()
+    return "metal" if "METAL" in info else "cuda" if "CUDA" in info else "gpu"
+
+
+def default_threads() -> int:
+    """CPUs this process may use, halved when SMT is on (llama.cpp gains nothing from siblings)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    smt = Path("/sys/devices/system/cpu/smt/active")
+    if smt.is_file() and smt.read_text().strip() == "1":
+        n //= 2
+    return max(1, n)
+
+
+# --- finding and loading a model --------------------------------------------------------------
+def resolve_model(model: str | None, role: str, quant: str) -> str:
+    """None -> the embedded pair's GGUF; an existing file; or ``repo_id:filename`` on the hub."""
+    if model is None:
+        from specmac import assets
+
+        if quant not in assets.GGUF_TYPES:
+            raise BadOption(f"option quant={quant!r} is not one of {', '.join(assets.GGUF_TYPES)} "
+                            "(the embedded pair's GGUF types)")
+        path = assets.gguf_file(role, quant)
+        if not path.is_file():
+            raise ModelNotFound(f"the embedded {role} model {path.name} is missing: reinstall specmac "
+                                "or pass a .gguf path")
+        return str(path)
+    path = Path(model).expanduser()
+    if path.is_file():
+        return str(path)
+    if path.is_dir():
+        raise ModelNotFound(f"{model} is a folder: the gguf backend needs a .gguf file "
+                            "(use --target torch or mlx for Hugging Face folders)")
+    if HUB_FILE.match(model):
+        return hub_file(model)
+    raise ModelNotFound(f"model {model} not found: give a .gguf path or repo_id:filename from the hub")
+
+
+def hub_file(spec: str) -> str:
+    """Download ``repo_id:filename`` (like ``Llama.from_pretrained``) and return the local path."""
+    repo_id, _, filename = spec.partition(":")
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise ModelNotFound(f"downloading {spec} needs huggingface_hub: pip install huggingface_hub "
+                            "(or pass a local .gguf path)") from None
+    try:
+        return hf_hub_download(repo_id, filename)
+    except Exception as e:  # network, auth and missing-file errors all mean "cannot get it"
+        raise ModelNotFound(f"cannot download {filename} from {repo_id}: {str(e).splitlines()[0]}") from None
+
+
+def check_gguf(path: str) -> None:
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelNotFound(f"{path} is not a GGUF file (starts with {magic!r}, not b'GGUF'): "
+                            "pass a .gguf model file")
+
+
+_log_lines: list[tuple[int, str]] = []
+
+
+@llama_cpp.llama_log_callback
+def _collect_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    _log_lines.append((level, text.decode("utf-8", errors="replace")))
+
+
+@contextlib.contextmanager
+def captured_log() -> Iterator[list[tuple[int, str]]]:
+    """Collect llama.cpp's log instead of printing it; restore llama-cpp-python's logger after."""
+    _log_lines.clear()
+    llama_cpp.llama_log_set(_collect_log, ctypes.c_void_p(0))
+    try:
+        yield _log_lines
+    finally:  # llama-cpp-python's own callback, or None (llama.cpp's default) if it has none
+        restore = getattr(getattr(llama_cpp, "_logger", None), "llama_log_callback", None)
+        llama_cpp.llama_log_set(restore, ctypes.c_void_p(0))
+
+
+def first_error(lines: list[tuple[int, str]]) -> str:
+    """The first error llama.cpp logged (the cause; later ones say "failed to load"), sans function name."""
+    errors = [re.sub(r"^\w+: ", "", t.strip()) for lvl, t in lines if lvl == LOG_ERROR and t.strip()]
+    return errors[0] if errors else "llama.cpp gave no reason"
+
+
+def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False) -> llama_cpp.llama_model_p:
+    check_gguf(path)
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
+    params.vocab_only = vocab_only
+    with captured_log() as log:
+        model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+    if model is None:
+        raise ModelNotFound(f"llama.cpp cannot load {path} ({first_error(log)}): "
+                            "check that the file is a complete GGUF model")
+    return model
+
+
+def read_vocab(model: llama_cpp.llama_model_p) -> Vocab:
+    """Token bytes for every id (control tokens as their literal text), EOS/EOG ids, BOS id."""
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    n = llama_cpp.llama_vocab_n_tokens(vocab)
+    buf = ctypes.create_string_buffer(256)
+    pieces, eos, special = [], set(), set()
+    for i in range(n):
+        k = llama_cpp.llama_token_to_piece(vocab, i, buf, len(buf), 0, True)
+        if k < 0:  # the piece is longer than the buffer: -k is its length
+            buf = ctypes.create_string_buffer(-k)
+            k = llama_cpp.llama_token_to_piece(vocab, i, buf, len(buf), 0, True)
+        pieces.append(buf.raw[:k])
+        if llama_cpp.llama_vocab_is_eog(vocab, i):
+            eos.add(i)
+        if llama_cpp.llama_vocab_is_control(vocab, i):
+            special.add(i)
+    eos |= {t for t in (llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)) if t >= 0}
+    bos = llama_cpp.llama_vocab_bos(vocab)
+    return Vocab(pieces, eos_ids=frozenset(eos), bos_id=bos if bos >= 0 else None,
+                 special_ids=frozenset(special | eos), n_logits=n)
+
+
+# --- the backend ------------------------------------------------------------------------------
+class GGUFBackend(BaseBackend):
+    """A GGUF model in llama.cpp; ``n_gpu_layers`` is the device parameter (0 = CPU only)."""
+
+    name = "gguf"
+    library = "llama-cpp-python"
+    options = {
+        "quant": Option(str, "q8_0", "GGUF type of the embedded pair (f16 is exact enough for tests)"),
+        "n_ctx": Option(int, None, "context window; default 2048 or the model's training context if smaller"),
+        "n_threads": Option(int, None, "CPU threads for single-token and batched passes alike"),
+        "n_batch": Option(int, 512, "most tokens per llama_decode (also the micro-batch)"),
+        "n_gpu_layers": Option(int, None, "layers offloaded to the GPU; -1 all; default all if the build "
+                                          "can offload, else 0"),
+        # llama.cpp's default; on the CPU auto turns it on, which makes batched and serial logits equal
+        "flash_attn": Option(str, "auto", "flash attention", choices=tuple(FLASH_ATTN)),
+    }
+
+    def __init__(self, model: str | None = None, *, role: str = "target", **opts) -> None:
+        o = {k: v.default for k, v in self.options.items()} | opts
+        for key in ("n_ctx", "n_threads", "n_batch"):
+            if o[key] is not None and o[key] < 1:
+                raise BadOption(f"option {key}={o[key]} is out of range: use an integer >= 1")
+        path = resolve_model(model, role, o["quant"])
+        self.model_id = model or f"embedded:{role}-{o['quant']}"
+        ngl = o["n_gpu_layers"] if o["n_gpu_layers"] is not None else -1 if gpu_offload() else 0
+        self._model = load_model(path, ngl)
+        self._vocab_p = llama_cpp.llama_model_get_vocab(self._model)
+        n_train = llama_cpp.llama_model_n_ctx_train(self._model)
+        self.n_ctx = o["n_ctx"] or min(2048, n_train)
+        threads = o["n_threads"] or default_threads()
+        n_batch = min(o["n_batch"], self.n_ctx)
+        self._ctx, flash = self._new_context(path, self.n_ctx, n_batch, threads, o["flash_attn"])
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._finalizer = weakref.finalize(self, _release, self._model, self._ctx, self._batch)
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self.vocab = read_vocab(self._model)
+        self._n_vocab = self.vocab.n_logits
+        self._n_batch = n_batch
+        self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab_p))
+        self._n_past = 0
+        self.resolved = {"quant": o["quant"], "path": path, "n_ctx": self.n_ctx, "n_ctx_train": n_train,
+                         "n_threads": threads, "n_threads_batch": threads, "n_batch": n_batch,
+                         "n_ubatch": n_batch, "n_gpu_layers": ngl, "flash_attn": flash,
+                         "device": (gpu_offload() or "cpu") if ngl else "cpu", "add_bos": self._add_bos}
+
+    def _new_context(self, path: str, n_ctx: int, n_batch: int, threads: int, flash: str):
+        """-> the llama_context and the flash attention state ("on", "off"; "auto" if llama.cpp
+        did not say what auto chose)."""
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_batch, n_batch, 1
+        p.n_threads = p.n_threads_batch = threads  # same threads, so batched vs serial timings compare
+        p.flash_attn_type = FLASH_ATTN[flash]
+        with captured_log() as log:
+            ctx = llama_cpp.llama_init_from_model(self._model, p)
+        if ctx is None:
+            llama_cpp.llama_model_free(self._model)
+            raise SpecmacError(f"llama.cpp cannot create a context for {path} ({first_error(log)}): "
+                               "try a smaller n_ctx")
+        said = [t for _, t in log if "flash attention" in t.lower() and "abled" in t]
+        if flash == "auto" and said:
+            flash = "on" if "enabled" in said[-1].lower() else "off"
+        return ctx, flash
+
+    @classmethod
+    def devices(cls) -> list[str]:
+        dev = gpu_offload()
+        return ["cpu", dev] if dev else ["cpu"]
+
+    @classmethod
+    def peek_vocab(cls, model: str | None, role: str = "target", **opts) -> Vocab:
+        """The vocabulary alone (vocab_only load: no weights are read)."""
+        path = resolve_model(model, role, opts.get("quant", cls.options["quant"].default))
+        model_p = load_model(path, vocab_only=True)
+        try:
+            return read_vocab(model_p)
+        finally:
+            llama_cpp.llama_model_free(model_p)
+
+    def close(self) -> None:
+        """Free the context, batch and model now (otherwise when the backend is collected)."""
+        self._finalizer()
+
+    # --- the contract --------------------------------------------------------------------------
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    def score(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits at every appended position: float32 [len(tokens), n_logits]."""
+        tokens = self._checked(tokens)
+        rows = [self._decode(tokens[i : i + self._n_batch], all_logits=True)
+                for i in range(0, len(tokens), self._n_batch)]
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append tokens asking llama.cpp only for the last position's logits: float32 [n_logits]."""
+        tokens = self._checked(tokens)
+        for i in range(0, len(tokens), self._n_batch):
+            out = self._decode(tokens[i : i + self._n_batch], all_logits=False)
+        return out[-1]
+
+    def _checked(self, tokens: Sequence[int]) -> list[int]:
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("score needs at least one token")
+        if min(tokens) < 0 or max(tokens) >= self._n_vocab:
+            raise ValueError(f"token ids must be in [0, {self._n_vocab})")
+        if self._n_past + len(tokens) > self.n_ctx:
+            raise ContextOverflow(f"{self._n_past + len(tokens)} tokens exceed the context window "
+                                  f"n_ctx={self.n_ctx}: shorten the prompt or raise n_ctx")
+        return tokens
+
+    def _decode(self, tokens: list[int], all_logits: bool) -> np.ndarray:
+        """One llama_decode; -> float32 [n_out, n_logits], n_out = len(tokens) or 1."""
+        b, n = self._batch, len(tokens)
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, self._n_past + i, 1, 0
+            b.logits[i] = all_logits or i == n - 1
+        b.n_tokens = n
+        rc = llama_cpp.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with status {rc} at n_past={self._n_past}")
+        self._n_past += n
+        n_out = n if all_logits else 1
+        ptr = llama_cpp.llama_get_logits(self._ctx)  # the requested rows, in batch order
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self._n_vocab)).copy()
+
+    def rewind(self, n_past: int) -> None:
+        if not 0 <= n_past <= self._n_past:
+            raise ValueError(f"cannot rewind to {n_past}: the cache holds {self._n_past}")
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n_past, -1):
+            raise RuntimeError(f"llama.cpp cannot truncate this model's cache to {n_past} (recurrent?)")
+        self._n_past = n_past
+
+    def reset(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self._n_past = 0
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids; special tokens written in the text are parsed; BOS only if the model asks."""
+        data = text.encode()
+        buf = (llama_cpp.llama_token * (len(data) + 2))()
+        n = llama_cpp.llama_tokenize(self._vocab_p, data, len(data), buf, len(buf), False, True)
+        if n < 0:
+            buf = (llama_cpp.llama_token * -n)()
+            n = llama_cpp.llama_tokenize(self._vocab_p, data, len(data), buf, len(buf), False, True)
+        bos = [self.vocab.bos_id] if self._add_bos and self.vocab.bos_id is not None else []
+        return bos + list(buf[:n])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """ids -> text (UTF-8, invalid bytes replaced); a leading BOS added by encode is dropped."""
+        if any(not 0 <= i < self._n_vocab for i in ids):  # llama.cpp would abort on them
+            raise ValueError(f"token ids must be in [0, {self._n_vocab})")
+        arr = (llama_cpp.llama_token * len(ids))(*ids)
+        size = max(64, 8 * len(ids))
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_detokenize(self._vocab_p, arr, len(ids), buf, size, True, True)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = -n
+        raise RuntimeError("llama_detokenize failed")
+
+    def apply_chat_template(self, prompt: str) -> str:
+        """One user turn through the GGUF's tokenizer.chat_template, ready for generation."""
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        if not template:
+            raise SpecmacError("this GGUF has no tokenizer.chat_template: drop --chat")
+        tb = self.vocab.token_bytes
+        bos = tb[self.vocab.bos_id].decode(errors="replace") if self.vocab.bos_id is not None else ""
+        eos_id = llama_cpp.llama_vocab_eos(self._vocab_p)
+        eos = tb[eos_id].decode(errors="replace") if eos_id >= 0 else ""
+        fmt = Jinja2ChatFormatter(template.decode(), eos_token=eos, bos_token=bos)
+        text = fmt(messages=[{"role": "user", "content": prompt}]).prompt
+        if self._add_bos and bos and text.startswith(bos):
+            text = text[len(bos):]  # encode adds BOS itself
+        return text
+
+
+def _release(model, ctx, batch) -> None:
+    with captured_log():  # llama.cpp reports buffer sizes as it frees them
+        _free(model, ctx, batch)
+
+
+def _free(model, ctx, batch) -> None:
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+
+
+llama_cpp.llama_backend_init()  # once, on the first import (as Llama does); idempotent in llama.cpp
