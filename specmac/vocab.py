@@ -29,6 +29,7 @@ class Vocab:
     bos_id: int | None = None
     special_ids: frozenset[int] = frozenset()
     n_logits: int = 0
+    unused_ids: frozenset[int] = frozenset()  # padding rows with no text (e.g. "[PAD151665]")
 
     @property
     def size(self) -> int:
@@ -54,7 +55,8 @@ def check_compatible(draft: Vocab, target: Vocab, max_listed: int = 5) -> None:
     if draft.fingerprint == target.fingerprint:
         return
     n = min(draft.size, target.size)
-    bad = [i for i in range(n) if draft.token_bytes[i] != target.token_bytes[i]]
+    unused = draft.unused_ids | target.unused_ids  # padding: never real text on either side
+    bad = [i for i in range(n) if draft.token_bytes[i] != target.token_bytes[i] and i not in unused]
     if bad:
         shown = ", ".join(f"{i} ({draft.token_bytes[i]!r} vs {target.token_bytes[i]!r})"
                           for i in bad[:max_listed])

@@ -140,7 +140,7 @@ def read_vocab(model: llama_cpp.llama_model_p) -> Vocab:
     vocab = llama_cpp.llama_model_get_vocab(model)
     n = llama_cpp.llama_vocab_n_tokens(vocab)
     buf = ctypes.create_string_buffer(256)
-    pieces, eos, special = [], set(), set()
+    pieces, eos, special, unused = [], set(), set(), set()
     for i in range(n):
         k = llama_cpp.llama_token_to_piece(vocab, i, buf, len(buf), 0, True)
         if k < 0:  # the piece is longer than the buffer: -k is its length
@@ -151,10 +151,12 @@ def read_vocab(model: llama_cpp.llama_model_p) -> Vocab:
             eos.add(i)
         if llama_cpp.llama_vocab_is_control(vocab, i):
             special.add(i)
+        if llama_cpp.llama_vocab_get_attr(vocab, i) & llama_cpp.LLAMA_TOKEN_ATTR_UNUSED:
+            unused.add(i)
     eos |= {t for t in (llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)) if t >= 0}
     bos = llama_cpp.llama_vocab_bos(vocab)
     return Vocab(pieces, eos_ids=frozenset(eos), bos_id=bos if bos >= 0 else None,
-                 special_ids=frozenset(special | eos), n_logits=n)
+                 special_ids=frozenset(special | eos), n_logits=n, unused_ids=frozenset(unused))
 
 
 # --- the backend ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from specmac.errors import ModelNotFound
 from specmac.vocab import Vocab
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+PAD_PIECE = re.compile(r"\[PAD\d+\]")
 
 
 def resolve_model(model: str | None, role: str) -> str:
@@ -81,8 +82,10 @@ def vocab_from_tokenizer(tokenizer, n_logits: int, extra_eos: tuple[int, ...] = 
     token_bytes = [(p or "").encode() if i in special else _piece_bytes(p or "", byte_level)
                    for i, p in enumerate(pieces)]
     eos = {tokenizer.eos_token_id, *extra_eos} - {None}
+    # padded vocabulary rows, named like llama.cpp's converter names them
+    unused = frozenset(i for i, p in enumerate(pieces) if p and PAD_PIECE.fullmatch(p))
     return Vocab(token_bytes, eos_ids=frozenset(eos), bos_id=tokenizer.bos_token_id,
-                 special_ids=frozenset(special), n_logits=max(n_logits, n))
+                 special_ids=frozenset(special), n_logits=max(n_logits, n), unused_ids=unused)
 
 
 def generation_eos_ids(folder: str) -> tuple[int, ...]:
