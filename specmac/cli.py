@@ -1,10 +1,17 @@
-"""The specmac command line: parse, call the library, render. User errors exit 2 in one line."""
+"""The specmac command line: parse, call the library, render.
+
+Every user error (a SpecmacError, a bad flag, a typo) is one line on stderr and exit status 2;
+SPECMAC_DEBUG=1 also prints its traceback. Anything else is a bug and keeps its traceback.
+Ctrl-C exits 130. This module imports click alone at import time so that ``--help`` stays fast.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -12,49 +19,118 @@ import click
 
 from specmac.errors import SpecmacError
 
-KINDS_STYLE = {"accepted": "green", "corrected": "red", "bonus": "cyan", "target": None}
+DRAFTERS_WITHOUT_MODEL = ("none", "ngram")
+# `specmac` alone prints its help through this UsageError (click >= 8.2); it stays as it is
+_HELP_ERRORS = tuple(c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c)
 
 
 class UserError(click.ClickException):
+    """A one-line message; exit status 2."""
+
     exit_code = 2
 
 
+def one_line(message: str) -> str:
+    """Collapse a message onto one line (library messages sometimes carry newlines)."""
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+def _debug_traceback(e: BaseException) -> None:
+    if os.environ.get("SPECMAC_DEBUG") == "1":
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+
+
+def _user_error(e: Exception, hint: str = "") -> UserError:
+    """SpecmacError or click.UsageError -> UserError; SPECMAC_DEBUG=1 prints the traceback first."""
+    _debug_traceback(e)
+    msg = one_line(e.format_message() if isinstance(e, click.ClickException) else str(e))
+    return UserError((msg.rstrip(".") + hint) if hint else msg or type(e).__name__)
+
+
+def _usage_hint(e: click.UsageError) -> str:
+    path = e.ctx.command_path if e.ctx is not None else "specmac"
+    return f"; see '{path} --help'"
+
+
 class Group(click.Group):
-    """Turns SpecmacError into a one-line message and exit status 2 (SPECMAC_DEBUG=1 re-raises)."""
+    """Turns user errors into one line + exit 2, and Ctrl-C into exit 130, for every command."""
+
+    def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as e:  # a typo in the top-level flags or the command name
+            if isinstance(e, _HELP_ERRORS):
+                raise
+            raise _user_error(e, _usage_hint(e)) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except SpecmacError as e:
-            if os.environ.get("SPECMAC_DEBUG") == "1":
+            raise _user_error(e) from None
+        except UserError as e:  # raised by a command's own checks
+            _debug_traceback(e)
+            raise
+        except click.UsageError as e:  # bad flags of a subcommand: click would print 4 lines
+            if isinstance(e, _HELP_ERRORS):
                 raise
-            raise UserError(str(e)) from None
+            raise _user_error(e, _usage_hint(e)) from None
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            ctx.exit(130)
 
 
 def _version_message() -> str:
     from specmac import __version__
     from specmac.backends import library_version
 
-    libs = ("numpy", "mlx", "mlx-lm", "llama-cpp-python", "torch", "transformers")
+    libs = ["numpy", "mlx", "mlx-lm", "llama-cpp-python", "torch", "transformers", "safetensors"]
+    libs += [d for d in _plugin_distributions() if d not in libs]
     found = [f"{lib} {v}" for lib in libs if (v := library_version(lib))]
     return f"specmac {__version__} ({', '.join(found)})"
 
 
+def _plugin_distributions() -> list[str]:
+    """Distributions (other than specmac) that register backends through the entry-point group."""
+    import importlib.metadata
+
+    from specmac.backends import ENTRY_POINT_GROUP
+
+    names = {ep.dist.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+             if ep.dist is not None}
+    return sorted(names - {"specmac"})
+
+
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(_version_message())
+        ctx.exit()
+
+
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
-              callback=lambda ctx, _p, v: (click.echo(_version_message()), ctx.exit()) if v else None,
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
               help="Show the version of specmac and of every installed backend library.")
 def main() -> None:
-    """Speculative decoding across MLX, llama.cpp (GGUF) and PyTorch backends."""
+    """Speculative decoding across MLX, llama.cpp (GGUF) and PyTorch backends.
+
+    \b
+    specmac run --draft mlx --target gguf "def quicksort(xs):"
+    specmac run --draft ngram --target gguf --prompt-file code.py
+    specmac verify --draft synthetic --target synthetic --temperature 1
+    specmac backends
+
+    SPECMAC_DEBUG=1 shows the traceback behind an error message.
+    """
 
 
 # --- shared options ------------------------------------------------------------------------
 
 def parse_kv(values: tuple[str, ...], flag: str) -> dict[str, str]:
+    """("key=value", ...) -> {key: value}; anything else is a one-line UserError naming ``flag``."""
     out = {}
     for item in values:
         key, sep, value = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise UserError(f"{flag} {item!r} is not key=value: write e.g. {flag} n_threads=2")
         out[key.strip()] = value.strip()
     return out
@@ -68,8 +144,8 @@ def pair_options(f: Callable) -> Callable:
         click.option("--draft", default="none", show_default=True, metavar="BACKEND",
                      help="Draft backend, 'ngram' (prompt lookup) or 'none' (target only)."),
         click.option("--target-model", metavar="PATH|HUB_ID",
-                     help="Target model: a folder, a .gguf file, a hub id or repo:file.gguf. "
-                          "Default: the embedded tiny target."),
+                     help="Target model: a folder, a .gguf file, a hub id (org/name) or "
+                          "org/name:file.gguf. Default: the embedded tiny target."),
         click.option("--draft-model", metavar="PATH|HUB_ID", help="Draft model (as --target-model)."),
         click.option("--target-opt", multiple=True, metavar="KEY=VALUE",
                      help="Target backend option, repeatable (device, dtype, n_threads, ...)."),
@@ -81,27 +157,65 @@ def pair_options(f: Callable) -> Callable:
     return f
 
 
-def sampling_options(f: Callable) -> Callable:
+def sampling_options(f: Callable | None = None, *, temperature: float = 0.0) -> Callable:
+    """--temperature/--top-k/--top-p/--min-p/--seed; ``@sampling_options`` or
+    ``@sampling_options(temperature=1.0)`` for another default temperature."""
     opts = [
-        click.option("--temperature", type=float, default=0.0, show_default=True,
-                     help="0 is greedy."),
-        click.option("--top-k", type=int, default=0, show_default=True, help="0 is off."),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 is off."),
-        click.option("--min-p", type=float, default=0.0, show_default=True, help="0 is off."),
-        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--temperature", type=click.FloatRange(min=0), default=temperature, metavar="T",
+                     show_default=True, help="0 is greedy."),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, metavar="K",
+                     help="Keep the K most likely tokens; 0 is off."),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, metavar="P",
+                     show_default=True, help="Nucleus sampling mass; 1 is off."),
+        click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.0, metavar="P",
+                     show_default=True, help="Drop tokens below min-p x the top probability; 0 is off."),
+        click.option("--seed", type=int, default=0, show_default=True, metavar="N",
+                     help="Seed of the sampler (the same seed gives the same text)."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+
+    def apply(g: Callable) -> Callable:
+        for o in reversed(opts):
+            g = o(g)
+        return g
+
+    return apply(f) if f is not None else apply
+
+
+def check_backend_name(name: str, flag: str, extra: tuple[str, ...] = ()) -> None:
+    """Fail before any model loads when a backend name is unknown."""
+    from specmac.backends import registry
+
+    known = list(registry())
+    if name not in known and name not in extra:
+        raise UserError(f"{flag} {name!r} is not a backend; choose one of: "
+                        f"{', '.join(sorted(known) + list(extra))} (see `specmac backends`)")
+
+
+def check_backend_options(name: str, raw: dict[str, str], flag: str) -> None:
+    """Parse ``--*-opt`` values against the backend's declared options, naming the flag on error."""
+    from specmac.backends import backend_class
+
+    cls = backend_class(name)
+    try:
+        cls.parse_options(raw)
+    except SpecmacError as e:
+        raise UserError(f"{flag}: {one_line(str(e))}") from None
 
 
 def load_pair(kw: dict):
+    """Check names and options (cheap, before any weights load), then load the Pair."""
     from specmac.api import Pair
 
+    check_backend_name(kw["target"], "--target")
+    check_backend_name(kw["draft"], "--draft", DRAFTERS_WITHOUT_MODEL)
+    target_opts = parse_kv(kw["target_opt"], "--target-opt")
+    draft_opts = parse_kv(kw["draft_opt"], "--draft-opt")
+    check_backend_options(kw["target"], target_opts, "--target-opt")
+    if kw["draft"] not in DRAFTERS_WITHOUT_MODEL:
+        check_backend_options(kw["draft"], draft_opts, "--draft-opt")
     return Pair.load(kw["target"], kw["draft"], target_model=kw["target_model"],
-                     draft_model=kw["draft_model"],
-                     target_options=parse_kv(kw["target_opt"], "--target-opt"),
-                     draft_options=parse_kv(kw["draft_opt"], "--draft-opt"))
+                     draft_model=kw["draft_model"], target_options=target_opts,
+                     draft_options=draft_opts)
 
 
 def sampling_params(kw: dict):
@@ -127,6 +241,15 @@ def emit_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str))
 
 
+def use_color(flag: bool | None, as_json: bool) -> bool:
+    """--color/--no-color win; otherwise colour only on a terminal and without NO_COLOR set."""
+    if as_json:
+        return False
+    if flag is not None:
+        return flag
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
 # --- run ----------------------------------------------------------------------------------
 
 @main.command()
@@ -135,21 +258,28 @@ def emit_json(obj: Any) -> None:
 @sampling_options
 @click.option("--k", "k_text", default="4", show_default=True, metavar="K|auto",
               help="Draft tokens per step, or 'auto' (adaptive, from the cost model).")
-@click.option("--max-tokens", type=int, default=128, show_default=True)
-@click.option("--prompt-file", type=click.Path(dir_okay=False), help="Read the prompt from a file.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, metavar="N",
+              help="Stop after N generated tokens (or at EOS, or at the context window).")
+@click.option("--prompt-file", type=click.Path(dir_okay=False),
+              help="Read the prompt from a file ('-' = stdin).")
 @click.option("--chat", is_flag=True, help="Apply the target's chat template, if it has one.")
 @click.option("--baseline", is_flag=True, help="Also run target-only decoding and print the speedup.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-@click.option("--no-color", is_flag=True, help="No colour, even on a terminal.")
-def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, no_color, **kw):
-    """Generate from PROMPT (or --prompt-file, or stdin) with speculative decoding."""
+@click.option("--color/--no-color", "color", default=None,
+              help="Colour the tokens by origin (default: on a terminal, unless NO_COLOR is set).")
+def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color, **kw):
+    """Generate from PROMPT (or --prompt-file, or stdin) with speculative decoding.
+
+    On a terminal the text streams in colour: green tokens are accepted drafts, red ones the
+    target's corrections, cyan ones bonus tokens. A stats block follows on stderr.
+    """
     from specmac import runner
 
     prompt = runner.read_prompt(prompt, prompt_file)
-    if max_tokens < 1:
-        raise UserError(f"--max-tokens {max_tokens} is out of range: use an integer >= 1")
+    k = parse_k(k_text)  # everything is validated before any model loads
     params = sampling_params(kw)
-    k = parse_k(k_text)  # validated before any model loads
+    if baseline and kw["draft"] == "none":
+        raise UserError("--baseline compares speculative with target-only decoding: add --draft BACKEND")
     pair = load_pair(kw)
     if k == "auto":
         from specmac.costmodel import AdaptiveK
@@ -157,10 +287,9 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, no_col
         k = AdaptiveK.for_pair(pair)
     if chat:
         prompt = runner.apply_chat_template(pair.target, prompt)
-    color = not no_color and not as_json and sys.stdout.isatty()
     code = runner.run(pair, prompt, params=params, k=k, max_tokens=max_tokens, seed=kw["seed"],
-                      baseline=baseline, as_json=as_json, color=color,
-                      meta={"command": " ".join(sys.argv)})
+                      baseline=baseline, as_json=as_json, color=use_color(color, as_json),
+                      meta={"command": " ".join(["specmac", *sys.argv[1:]])})
     sys.exit(code)
 
 
@@ -168,19 +297,24 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, no_col
 
 @main.command()
 @pair_options
-@sampling_options
+@sampling_options(temperature=1.0)
 @click.option("--k", "k_text", default="4", show_default=True, metavar="K")
-@click.option("--tokens", type=int, default=4000, show_default=True,
+@click.option("--tokens", type=click.IntRange(min=1), default=4000, show_default=True, metavar="N",
               help="Tokens generated per method (speculative and target-only).")
-@click.option("--length", type=int, default=3, show_default=True,
+@click.option("--length", type=click.IntRange(min=1), default=3, show_default=True, metavar="N",
               help="Tokens per sample; a category is a whole sequence of this length.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def verify(k_text, tokens, length, as_json, **kw):
-    """Is the output still the target's? Two-sample chi-square and greedy agreement."""
+    """Is the output still the target's? Two-sample chi-square and greedy agreement.
+
+    Samples the first --length tokens after fixed contexts with speculative and with target-only
+    decoding and compares the two histograms; the verdict says how large a difference would
+    have been caught (the minimum detectable total-variation distance).
+    """
     from specmac import runner
 
-    if tokens < length or length < 1:
-        raise UserError("--tokens must be >= --length >= 1")
+    if tokens < length:
+        raise UserError(f"--tokens {tokens} is less than --length {length}: raise --tokens")
     if kw["draft"] == "none":
         raise UserError("verify needs a draft: add --draft BACKEND (or --draft ngram)")
     k = parse_k(k_text)
@@ -195,7 +329,7 @@ def verify(k_text, tokens, length, as_json, **kw):
 # --- backends -----------------------------------------------------------------------------
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 def backends(as_json):
     """List every registered backend: installed?, library version, devices."""
     from specmac import runner
@@ -205,8 +339,6 @@ def backends(as_json):
 
 def _register_extra_commands() -> None:
     """Commands in their own modules (probes, compare) attach themselves to ``main``."""
-    import importlib
-
     for module in ("specmac.cli_probes", "specmac.cli_compare"):
         try:
             importlib.import_module(module)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import click
@@ -14,25 +18,37 @@ from specmac.drafters import Drafter
 from specmac.errors import SpecmacError
 from specmac.metrics import RunStats
 from specmac.sampling import SamplingParams
+from specmac.speculative import Event
 
-LEGEND = {"accepted": "accepted draft", "corrected": "target correction",
-          "bonus": "bonus token", "target": "target-only"}
+LEGEND = {"accepted": "accepted draft", "corrected": "target correction", "bonus": "bonus token"}
 STYLE = {"accepted": "green", "corrected": "red", "bonus": "cyan", "target": None}
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
+
+# --- input ---------------------------------------------------------------------------------
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    """PROMPT, else --prompt-file (``-`` = stdin), else piped stdin; empty is a user error."""
     if prompt is not None and prompt_file:
         raise SpecmacError("give the prompt as an argument or with --prompt-file, not both")
-    if prompt_file:
-        try:
-            prompt = Path(prompt_file).read_text()
-        except OSError as e:
-            raise SpecmacError(f"cannot read --prompt-file {prompt_file}: {e.strerror}") from None
-    elif prompt is None and not sys.stdin.isatty():
+    if prompt_file == "-" or (prompt is None and not prompt_file and not sys.stdin.isatty()):
         prompt = sys.stdin.read()
+    elif prompt_file:
+        prompt = _read_text(prompt_file)
     if not prompt:
         raise SpecmacError("the prompt is empty: pass PROMPT, --prompt-file FILE, or pipe text in")
     return prompt
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecmacError(f"--prompt-file {path} does not exist: check the path") from None
+    except UnicodeDecodeError:
+        raise SpecmacError(f"--prompt-file {path} is not UTF-8 text: convert it to UTF-8") from None
+    except OSError as e:
+        raise SpecmacError(f"cannot read --prompt-file {path}: {e.strerror}") from None
 
 
 def apply_chat_template(target, prompt: str) -> str:
@@ -42,152 +58,272 @@ def apply_chat_template(target, prompt: str) -> str:
     return template(prompt)
 
 
+# --- streaming text --------------------------------------------------------------------------
+
 class TextStream:
-    """Decodes the growing id list and writes only what is new (multi-byte chars held back)."""
+    """Writes the text of a growing id list as it becomes printable, coloured by token kind.
 
-    def __init__(self, decode, color: bool) -> None:
+    Decodes only a short window (ids[prefix:]) per token, so the cost stays linear: text is held
+    back while it ends in an incomplete UTF-8 sequence, and the window's first token gives the
+    tokenizer the context it needs to decode leading spaces correctly.
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], color: bool, out=None) -> None:
         self.decode, self.color = decode, color
+        self.out = out
         self.ids: list[int] = []
-        self.shown = ""
+        self.prefix = self.read = 0  # ids[prefix:read] is the context already printed
 
-    def push(self, ids: list[int], kinds: list[str]) -> None:
+    def push(self, ids: Sequence[int], kinds: Sequence[str]) -> None:
         for t, kind in zip(ids, kinds):
             self.ids.append(t)
-            text = self.decode(self.ids)
-            if text.endswith("\ufffd") or not text.startswith(self.shown):
-                continue
-            new, self.shown = text[len(self.shown):], text
-            style = STYLE[kind] if self.color else None
-            click.echo(click.style(new, fg=style) if style else new, nl=False)
-        sys.stdout.flush()
+            before = self.decode(self.ids[self.prefix : self.read])
+            text = self.decode(self.ids[self.prefix :])
+            if len(text) > len(before) and not text.endswith("\ufffd"):
+                self._write(text[len(before) :], kind)
+                self.prefix, self.read = self.read, len(self.ids)
+        self._flush()
+
+    def finish(self, all_ids: Sequence[int]) -> None:
+        """Print whatever ``all_ids`` holds beyond what was shown (ids pushed or still held back)."""
+        missing = list(all_ids[len(self.ids) :])
+        self.ids.extend(missing)
+        before = self.decode(self.ids[self.prefix : self.read])
+        text = self.decode(self.ids[self.prefix :])
+        if len(text) > len(before):
+            self._write(text[len(before) :], "target")
+        self._flush()
+
+    def _write(self, text: str, kind: str) -> None:
+        style = STYLE[kind] if self.color else None
+        click.echo(click.style(text, fg=style) if style else text, nl=False, file=self.out,
+                   color=self.color or None)
+
+    def _flush(self) -> None:
+        (self.out or sys.stdout).flush()
 
 
-def stats_block(stats: RunStats, speculative: bool) -> list[str]:
-    s = stats.to_dict(speculative)
-    tps = s["tokens_per_second"] or 0.0
-    lines = [f"{s['n_tokens']} tokens in {s['seconds']:.2f} s, {tps:.1f} tokens/s"
-             f" ({s['n_target_passes']} target passes, finish: {s['finish_reason']})"]
-    if speculative:
-        rate = s["acceptance_rate"]
-        lines.append(f"acceptance {rate:.1%}" if rate is not None else "acceptance n/a (no drafts)")
-        lines[-1] += f", {s['tokens_per_target_pass']:.2f} tokens per target pass (k={s['k']})"
-        per = " ".join("-" if a is None else f"{a:.2f}" for a in s["per_position_acceptance"])
-        lines.append(f"per-position acceptance: {per}")
-    total = s["seconds"] or 1.0
-    ts = s["time_split"]
-    lines.append(f"time: draft {ts['draft'] / total:.0%}, verify {ts['verify'] / total:.0%}, "
-                 f"other {ts['other'] / total:.0%}")
-    return lines
+# --- signals ---------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C while the final output is written, so that it is never cut in half."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+# --- run -------------------------------------------------------------------------------------
+
+def generate_events(pair: Pair, ids: list[int], on_event: Callable[[Event], None] | None = None,
+                    **kw) -> tuple[list[Event], bool]:
+    """Run the loop, collecting events; -> (events, interrupted). Ctrl-C stops it cleanly
+    (the loop's ``finally`` leaves both caches consistent)."""
+    events: list[Event] = []
+    try:
+        for event in pair.stream(ids, **kw):
+            events.append(event)  # one step, so what was printed and what is counted agree
+            if on_event is not None:
+                on_event(event)
+    except KeyboardInterrupt:
+        return events, True
+    return events, False
+
+
+def summarize(events: list[Event], k, speculative: bool, interrupted: bool) -> tuple[RunStats, dict]:
+    stats = RunStats(k=k if isinstance(k, int) else getattr(k, "label", "auto"))
+    for e in events:
+        stats.add(e)
+    if interrupted:
+        stats.finish_reason = "interrupted"
+    d = stats.to_dict(speculative)
+    if not speculative:
+        d["k"] = None  # no drafts were asked for
+    elif isinstance(k, int):  # one number per draft position, even if never reached
+        d["per_position_acceptance"] = (d["per_position_acceptance"] + [None] * k)[:k]
+    return stats, d
 
 
 def run(pair: Pair, prompt: str, *, params: SamplingParams, k, max_tokens: int, seed: int,
         baseline: bool, as_json: bool, color: bool, meta: dict) -> int:
     """Stream one generation (and optionally the baseline); return the exit status."""
     ids = pair.encode(prompt)
-    stats = RunStats(k=k if isinstance(k, int) else "auto")
     out = TextStream(pair.target.decode, color)
-    code, token_ids = 0, []
-    t0 = time.perf_counter()
-    try:
-        for event in pair.stream(ids, params=params, max_tokens=max_tokens, k=k, seed=seed):
-            stats.add(event)
-            token_ids += event.tokens
-            if not as_json:
-                out.push(event.tokens, event.kinds)
-    except KeyboardInterrupt:
-        code = 130
-        stats.finish_reason = "interrupted"
-    wall = time.perf_counter() - t0
-    result = {"prompt": prompt, "text": pair.target.decode(token_ids), "token_ids": token_ids,
-              **stats.to_dict(pair.speculative), "wall_seconds": wall,
-              "sampling": params.to_dict(), "seed": seed, **pair.info(), **meta}
-    if baseline and code == 0:
-        base = Pair(pair.target, Drafter()).generate(ids, params=params, max_tokens=max_tokens,
-                                                     seed=seed)
-        b = base.stats.tokens_per_second or 0.0
-        result["baseline"] = base.stats.to_dict(speculative=False)
-        result["speedup"] = (stats.tokens_per_second or 0.0) / b if b else None
-    if as_json:
-        click.echo(json.dumps(result, indent=2, default=str))
-        return code
-    click.echo("")
-    if color and pair.speculative:
-        click.echo("legend: " + " ".join(click.style(v, fg=STYLE[k_]) for k_, v in LEGEND.items()
-                                         if STYLE[k_]), err=True)
-    for line in stats_block(stats, pair.speculative):
-        click.echo(line, err=True)
-    if "baseline" in result:
-        b = result["baseline"]["tokens_per_second"] or 0.0
-        sp = result["speedup"]
-        click.echo(f"baseline (target only): {b:.1f} tokens/s, speedup "
-                   f"{'n/a' if sp is None else f'{sp:.2f}x'}", err=True)
-    return code
+    need_legend = [color and pair.speculative]
 
+    def show(event: Event) -> None:
+        if need_legend[0]:  # on the first event: the loop's own checks (prompt length) have passed
+            click.echo(legend(), err=True)
+            need_legend[0] = False
+        out.push(event.tokens, event.kinds)
+
+    t0 = time.perf_counter()
+    events, interrupted = generate_events(pair, ids, None if as_json else show, params=params,
+                                          max_tokens=max_tokens, k=k, seed=seed)
+    wall = time.perf_counter() - t0
+    token_ids = [t for e in events for t in e.tokens]
+    stats, sd = summarize(events, k, pair.speculative, interrupted)
+    result = {"prompt": prompt, "n_prompt_tokens": len(ids), "text": pair.target.decode(token_ids),
+              "token_ids": token_ids, **sd, "wall_seconds": wall, "sampling": params.to_dict(),
+              "seed": seed, **pair.info(), **meta}
+    if baseline and not interrupted:
+        base_events, interrupted = generate_events(Pair(pair.target, Drafter()), ids, params=params,
+                                                   max_tokens=max_tokens, seed=seed)
+        _, bd = summarize(base_events, None, False, interrupted)
+        result["baseline"] = bd
+        b, s = bd["tokens_per_second"], stats.tokens_per_second
+        result["speedup"] = s / b if (b and s and not interrupted) else None
+    with sigint_deferred():
+        if as_json:
+            click.echo(json.dumps(result, indent=2, default=str))
+        else:
+            out.finish(token_ids)
+            click.echo("")
+            for line in stats_block(result, pair.speculative):
+                click.echo(line, err=True)
+    return EXIT_INTERRUPTED if interrupted else 0
+
+
+def legend() -> str:
+    return "legend: " + "  ".join(click.style(text, fg=STYLE[kind]) for kind, text in LEGEND.items())
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 'es' if noun.endswith('s') else 's'}"
+
+
+def _pct(part: float, total: float) -> str:
+    return f"{part / total:.0%}" if total > 0 else "-"
+
+
+def stats_block(r: dict, speculative: bool) -> list[str]:
+    """The compact summary printed after the text (see README, "What the stats mean")."""
+    tps = r["tokens_per_second"]
+    lines = [f"{_n(r['n_tokens'], 'token')} in {r['seconds']:.2f} s = "
+             f"{'-' if tps is None else f'{tps:.1f}'} tokens/s  "
+             f"(prompt {_n(r['n_prompt_tokens'], 'token')}, {_n(r['n_target_passes'], 'target pass')}, "
+             f"finish: {r['finish_reason']})"]
+    if speculative:
+        rate, tpp = r["acceptance_rate"], r["tokens_per_target_pass"]
+        lines.append(f"acceptance {'-' if rate is None else f'{rate:.1%}'}  "
+                     f"tokens per target pass {'-' if tpp is None else f'{tpp:.2f}'}  (k={r['k']})")
+        per = " ".join("-" if a is None else f"{a:.2f}" for a in r["per_position_acceptance"])
+        lines.append(f"per-position acceptance: {per or '-'}")
+    ts, total = r["time_split"], r["seconds"]
+    lines.append(f"time: draft {_pct(ts['draft'], total)}  verify {_pct(ts['verify'], total)}  "
+                 f"other {_pct(ts['other'], total)}")
+    if "baseline" in r:
+        b, sp = r["baseline"], r["speedup"]
+        btps = b["tokens_per_second"]
+        lines.append(f"baseline (target only): {b['n_tokens']} tokens, "
+                     f"{'-' if btps is None else f'{btps:.1f}'} tokens/s  ->  speedup "
+                     f"{'n/a' if sp is None else f'{sp:.2f}x'}")
+    if r["finish_reason"] == "interrupted":
+        lines.append("interrupted: the text above is what was generated before Ctrl-C")
+    return lines
+
+
+# --- verify ----------------------------------------------------------------------------------
 
 def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: int, seed: int,
            as_json: bool) -> None:
-    from rich.progress import Progress
-
     from specmac.proof import two_sample_check
 
+    kw = dict(params=params, n_tokens=tokens, k=k, length=length, seed=seed)
     if as_json or not sys.stderr.isatty():
-        res = two_sample_check(pair, params=params, n_tokens=tokens, k=k, length=length, seed=seed)
+        res = two_sample_check(pair, **kw)
     else:
-        with Progress(transient=True) as bar:
-            task = bar.add_task("sampling both methods", total=tokens)
-            res = two_sample_check(pair, params=params, n_tokens=tokens, k=k, length=length,
-                                   seed=seed, progress=lambda n: bar.advance(task, n))
+        from rich.console import Console
+        from rich.progress import Progress
+
+        with Progress(console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("sampling speculative and target-only", total=tokens)
+            res = two_sample_check(pair, **kw, progress=lambda n: bar.advance(task, n))
     res.update(pair.info())
     res["verdict"] = verdict(res)
     if as_json:
         click.echo(json.dumps(res, indent=2, default=str))
         return
-    rows = [("chi-square", f"{res['chi2']:.1f} on {res['dof']} dof"),
-            ("p-value", f"{res['p_value']:.3g}"),
-            ("samples per method", f"{res['n_samples_per_method']} x {length} tokens"),
-            ("min detectable TV (80% power)", f"{res['min_detectable_tv']:.3f}"),
-            ("greedy agreement", f"{res['greedy_agreement']:.0%} of {len(res['contexts'])} contexts")]
-    width = max(len(r[0]) for r in rows)
-    for name, value in rows:
-        click.echo(f"{name:<{width}}  {value}")
+    for line in verify_table(res):
+        click.echo(line)
+    click.echo("")
     click.echo(res["verdict"])
 
 
+def verify_table(res: dict) -> list[str]:
+    rows = [("chi-square", f"{res['chi2']:.1f} on {res['dof']} dof ({res['n_categories']} categories)"),
+            ("p-value", f"{res['p_value']:.3g}"),
+            ("samples per method", f"{res['n_samples_per_method']} x {res['tokens_per_sample']} tokens"),
+            ("min detectable TV", f"{res['min_detectable_tv']:.3f} (80% power, 5% level)"),
+            ("greedy agreement", f"{res['greedy_agreement']:.0%} of {len(res['contexts'])} contexts, "
+                                 f"{res['greedy_tokens']} tokens each")]
+    width = max(len(r[0]) for r in rows)
+    return [f"{name:<{width}}  {value}" for name, value in rows]
+
+
 def verdict(res: dict) -> str:
-    tv = res["min_detectable_tv"]
-    if res["p_value"] < 0.01:
-        head = (f"FAIL: speculative and target-only samples differ (p = {res['p_value']:.2g}); "
-                "the output is not the target's distribution")
+    """Plain language: the outcome, what the test would have caught and what it cannot see."""
+    p, tv, n = res["p_value"], res["min_detectable_tv"], res["tokens_per_sample"]
+    if res["dof"] < 1:
+        return ("NO VERDICT: all samples fell into one category (rare sequences are pooled), so there "
+                "is nothing to compare: raise --tokens or lower --temperature.")
+    if p < 0.001:
+        head = (f"FAIL: speculative and target-only samples differ (p = {p:.2g}): the output is not "
+                "the target's distribution; check the vocabularies and `specmac probe-parallelism`.")
+    elif p < 0.05:
+        head = (f"INCONCLUSIVE: p = {p:.2g} is low but not alarming (1 honest run in 20 gets "
+                "p < 0.05): rerun with another --seed or more --tokens.")
     else:
-        head = (f"PASS: no difference detected (p = {res['p_value']:.2g}); a shift of total "
-                f"variation >= {tv:.3f} over these {res['n_categories']} categories would have "
-                "been caught 80% of the time, smaller ones might not")
+        head = f"PASS: no difference detected between speculative and target-only decoding (p = {p:.2g})."
+    cats = res["n_categories"]
+    can = (f"Can detect: with 80% power, a shift of total variation >= {tv:.3f} over the {cats} "
+           f"categories the counts allowed (sequences of the first {n} tokens after "
+           f"{len(res['contexts'])} contexts; rare sequences pooled into one).")
+    cannot = ("Cannot detect: smaller shifts, shifts among the pooled rare sequences, later tokens or "
+              "other prompts; 4x the --tokens halves the detectable TV.")
+    lines = [head, can, cannot]
+    if cats < 10:
+        lines.append(f"Only {cats} categories: raise --tokens, or sample a narrower distribution "
+                     "(lower --temperature, --top-k), so that more sequences are counted on their own.")
     if res["greedy_agreement"] < 1:
-        head += ("; greedy sequences differ in some contexts (batched vs serial round-off in low "
-                 "precision; see probe-parallelism)")
-    return head
+        lines.append("Greedy sequences differ in some contexts: batched and serial passes round "
+                     "differently in low precision (see `specmac probe-parallelism`).")
+    return "\n".join(lines)
+
+
+# --- backends --------------------------------------------------------------------------------
+
+def backend_rows() -> list[dict]:
+    """One row per registered backend: installed?, library and version, devices, or why not."""
+    from specmac.backends import backend_class, library_version, registry
+
+    rows = []
+    for name, entry in registry().items():
+        row = {"name": name, "entry": entry, "installed": False, "library": None, "version": None,
+               "devices": [], "problem": None}
+        try:
+            cls = backend_class(name)
+            row.update(installed=True, library=cls.library, version=library_version(cls.library),
+                       devices=list(cls.devices()))
+        except SpecmacError as e:
+            row["problem"] = str(e)
+        rows.append(row)
+    return rows
 
 
 def list_backends(as_json: bool) -> None:
-    from specmac.backends import backend_class, library_version, missing_requirements, registry
-
-    rows = []
-    for name, target in registry().items():
-        missing = missing_requirements(name)
-        row = {"name": name, "entry": target, "installed": not missing, "library": None,
-               "version": None, "devices": [], "missing": missing}
-        if not missing:
-            try:
-                cls = backend_class(name)
-                row.update(library=cls.library, version=library_version(cls.library),
-                           devices=cls.devices())
-            except SpecmacError as e:
-                row.update(installed=False, missing=[str(e)])
-        rows.append(row)
+    rows = backend_rows()
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
+    width = max(len(r["name"]) for r in rows)
     for r in rows:
-        state = (f"{r['library']} {r['version']}, devices: {', '.join(r['devices'])}"
-                 if r["installed"] else f"not installed (pip install 'specmac[{r['name']}]')")
-        click.echo(f"{r['name']:<10} {state}")
+        state = (f"{r['library']} {r['version']}  devices: {', '.join(r['devices'])}"
+                 if r["installed"] else f"not installed: {r['problem']}")
+        click.echo(f"{r['name']:<{width}}  {state}")
+    click.echo("drafters without a model: ngram (prompt lookup), none (target only)")
