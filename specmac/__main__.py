@@ -1,3 +1,3 @@
 from specmac.cli import main
 
-main()
+main(prog_name="specmac")

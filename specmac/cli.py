@@ -301,25 +301,28 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
 @click.option("--k", "k_text", default="4", show_default=True, metavar="K")
 @click.option("--tokens", type=click.IntRange(min=1), default=4000, show_default=True, metavar="N",
               help="Tokens generated per method (speculative and target-only).")
-@click.option("--length", type=click.IntRange(min=1), default=3, show_default=True, metavar="N",
-              help="Tokens per sample; a category is a whole sequence of this length.")
+@click.option("--length", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Test the token at each position 1..N after the context [default: k+1, so every "
+                   "draft position and the bonus token are covered].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def verify(k_text, tokens, length, as_json, **kw):
     """Is the output still the target's? Two-sample chi-square and greedy agreement.
 
-    Samples the first --length tokens after fixed contexts with speculative and with target-only
-    decoding and compares the two histograms; the verdict says how large a difference would
-    have been caught (the minimum detectable total-variation distance).
+    Each sample generates j tokens after a fixed context and keeps the j-th (j cycles over
+    1..--length), with speculative and with target-only decoding; the two histograms of
+    (context, position, token) are compared. The verdict says how large a difference would have
+    been caught (the minimum detectable total-variation distance).
     """
     from specmac import runner
 
-    if tokens < length:
-        raise UserError(f"--tokens {tokens} is less than --length {length}: raise --tokens")
     if kw["draft"] == "none":
         raise UserError("verify needs a draft: add --draft BACKEND (or --draft ngram)")
     k = parse_k(k_text)
     if not isinstance(k, int):
         raise UserError("verify needs a fixed --k (an integer >= 1)")
+    length = length or k + 1
+    if tokens < length * (length + 1) // 2:
+        raise UserError(f"--tokens {tokens} is too few to visit positions 1..{length} once: raise --tokens")
     params = sampling_params(kw)
     pair = load_pair(kw)
     runner.verify(pair, params=params, k=k, tokens=tokens, length=length, seed=kw["seed"],

@@ -22,9 +22,11 @@ class RunStats:
     t_draft: float = 0.0
     t_verify: float = 0.0
     t_other: float = 0.0
+    t_prefill: float = 0.0  # prompt processing; not part of `seconds` (generation time)
     finish_reason: str | None = None
 
     def add(self, e: Event) -> None:
+        self.t_prefill += e.t_prefill
         if e.finish_reason == "context" and not e.tokens and not e.n_drafted and not e.t_verify:
             self.finish_reason = "context"
             return
@@ -77,6 +79,7 @@ class RunStats:
             "per_position_acceptance": self.per_position_acceptance if speculative else None,
             "tokens_per_second": self.tokens_per_second,
             "seconds": s,
+            "prefill_seconds": self.t_prefill,
             "time_split": {"draft": self.t_draft, "verify": self.t_verify, "other": self.t_other},
             "finish_reason": self.finish_reason,
         }

@@ -216,7 +216,8 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
         lines.append(f"per-position acceptance: {per or '-'}")
     ts, total = r["time_split"], r["seconds"]
     lines.append(f"time: draft {_pct(ts['draft'], total)}  verify {_pct(ts['verify'], total)}  "
-                 f"other {_pct(ts['other'], total)}")
+                 f"other {_pct(ts['other'], total)}  (prompt prefill {r['prefill_seconds']:.2f} s, "
+                 "not counted)")
     if "baseline" in r:
         b, sp = r["baseline"], r["speedup"]
         btps = b["tokens_per_second"]
@@ -258,7 +259,8 @@ def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: i
 def verify_table(res: dict) -> list[str]:
     rows = [("chi-square", f"{res['chi2']:.1f} on {res['dof']} dof ({res['n_categories']} categories)"),
             ("p-value", f"{res['p_value']:.3g}"),
-            ("samples per method", f"{res['n_samples_per_method']} x {res['tokens_per_sample']} tokens"),
+            ("samples per method", f"{res['n_samples_per_method']} ({res['n_tokens_per_method']} tokens, "
+                                   f"positions 1..{res['positions']})"),
             ("min detectable TV", f"{res['min_detectable_tv']:.3f} (80% power, 5% level)"),
             ("greedy agreement", f"{res['greedy_agreement']:.0%} of {len(res['contexts'])} contexts, "
                                  f"{res['greedy_tokens']} tokens each")]
@@ -268,9 +270,9 @@ def verify_table(res: dict) -> list[str]:
 
 def verdict(res: dict) -> str:
     """Plain language: the outcome, what the test would have caught and what it cannot see."""
-    p, tv, n = res["p_value"], res["min_detectable_tv"], res["tokens_per_sample"]
+    p, tv, n = res["p_value"], res["min_detectable_tv"], res["positions"]
     if res["dof"] < 1:
-        return ("NO VERDICT: all samples fell into one category (rare sequences are pooled), so there "
+        return ("NO VERDICT: all samples fell into one category (rare tokens are pooled), so there "
                 "is nothing to compare: raise --tokens or lower --temperature.")
     if p < 0.001:
         head = (f"FAIL: speculative and target-only samples differ (p = {p:.2g}): the output is not "
@@ -282,14 +284,15 @@ def verdict(res: dict) -> str:
         head = f"PASS: no difference detected between speculative and target-only decoding (p = {p:.2g})."
     cats = res["n_categories"]
     can = (f"Can detect: with 80% power, a shift of total variation >= {tv:.3f} over the {cats} "
-           f"categories the counts allowed (sequences of the first {n} tokens after "
-           f"{len(res['contexts'])} contexts; rare sequences pooled into one).")
-    cannot = ("Cannot detect: smaller shifts, shifts among the pooled rare sequences, later tokens or "
+           f"categories the counts allowed (the token at each position 1..{n} after "
+           f"{len(res['contexts'])} contexts; rare tokens pooled into one).")
+    cannot = ("Cannot detect: smaller shifts, shifts among the pooled rare tokens, dependence between "
+              "positions (the synthetic tests check joint distributions exactly), later positions or "
               "other prompts; 4x the --tokens halves the detectable TV.")
     lines = [head, can, cannot]
     if cats < 10:
         lines.append(f"Only {cats} categories: raise --tokens, or sample a narrower distribution "
-                     "(lower --temperature, --top-k), so that more sequences are counted on their own.")
+                     "(lower --temperature, --top-k), so that more tokens are counted on their own.")
     if res["greedy_agreement"] < 1:
         lines.append("Greedy sequences differ in some contexts: batched and serial passes round "
                      "differently in low precision (see `specmac probe-parallelism`).")

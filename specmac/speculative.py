@@ -35,6 +35,7 @@ class Event:
     t_verify: float
     t_other: float
     finish_reason: str | None = None  # eos | length | context, on the last event
+    t_prefill: float = 0.0  # prompt processing, on the first event
 
 
 class FixedK:
@@ -74,12 +75,14 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
     target.reset()
     drafter.trim(0)
     try:
+        clock = _Clock()
         if len(seq) > 1:
             target.prefill(seq[:-1])
+        t_prefill = clock.lap()
         while n_out < max_tokens:
             room = target.n_ctx - len(seq)  # a step adds k + 1 rows to len(seq) - 1 cached
             if room < 0:
-                yield Event([], [], 0, 0, 0, 0.0, 0.0, 0.0, finish_reason="context")
+                yield Event([], [], 0, 0, 0, 0.0, 0.0, 0.0, "context", t_prefill)
                 return
             kk = max(0, min(policy.next_k(), max_tokens - n_out - 1, room, drafter.max_k(len(seq))))
             clock = _Clock()
@@ -97,7 +100,8 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
             n_out += len(new)
             target.rewind(len(seq) - 1)
             done = "eos" if stop is not None else "length" if n_out >= max_tokens else None
-            event = Event(new, kinds, kk, len(drafts), a, t_draft, t_verify, clock.lap(), done)
+            event = Event(new, kinds, kk, len(drafts), a, t_draft, t_verify, clock.lap(), done, t_prefill)
+            t_prefill = 0.0
             policy.update(event)
             yield event
             if done:

@@ -318,7 +318,7 @@ def test_verify_text_has_table_and_plain_verdict():
 
 
 def _res(**kw) -> dict:
-    return {"p_value": 0.5, "min_detectable_tv": 0.05, "tokens_per_sample": 3, "dof": 40,
+    return {"p_value": 0.5, "min_detectable_tv": 0.05, "positions": 3, "dof": 40,
             "n_categories": 41, "contexts": ["a", "b"], "greedy_agreement": 1.0} | kw
 
 

@@ -13,10 +13,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
+from transformers.utils import logging as hf_logging
 
 from specmac.backends import BaseBackend, Option, hf
 from specmac.errors import BadOption, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
+
+# the "Loading weights" bar would interleave with streamed text and one-line errors
+hf_logging.disable_progress_bar()
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MAX_DEFAULT_CTX = 4096  # the default window; a KV cache beyond it is rarely what a laptop wants
