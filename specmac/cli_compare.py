@@ -1,0 +1,162 @@
+"""``specmac compare`` and ``specmac report``: which draft/target pairing to run on this machine."""
+
+from __future__ import annotations
+
+import datetime
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from specmac.cli import UserError, emit_json, main, sampling_options, sampling_params
+
+COMPARE_HELP = """Measure draft/target pairings side by side: every --pair at every K, plus each
+target's own target-only baseline, interleaved in one run, with the cost model's prediction
+beside each measurement. Writes DIR/results.json, DIR/summary.md and PNG plots.
+
+\b
+Models and options per backend (default: the embedded tiny pair):
+  --draft-model mlx=PATH  --target-model gguf=FILE.gguf
+  --opt gguf:n_threads=2  (both roles)   --draft-opt torch:dtype=float32
+or a TOML --config with one table per backend:
+  [gguf]
+  target_model = "target.gguf"
+  draft_model = "draft.gguf"
+  options = { n_threads = 2 }
+  draft_options = { quant = "q8_0" }
+Command-line values win over the config.
+
+\b
+Example:
+  specmac compare --pair mlx:gguf --pair ngram:gguf --k 1-8 --repeats 3 --out cmp
+"""
+
+
+def _backend_kv(values: tuple[str, ...], flag: str) -> dict[str, str]:
+    """("mlx=PATH", ...) -> {"mlx": "PATH"}."""
+    out = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise UserError(f"{flag} {item!r} is not BACKEND=PATH: write e.g. {flag} gguf=model.gguf")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _backend_opts(values: tuple[str, ...], flag: str) -> list[tuple[str, str, str]]:
+    """("gguf:n_threads=2", ...) -> [("gguf", "n_threads", "2")]."""
+    out = []
+    for item in values:
+        name, _, kv = item.partition(":")
+        key, sep, value = kv.partition("=")
+        if not name or not sep or not key:
+            raise UserError(f"{flag} {item!r} is not BACKEND:KEY=VALUE: write e.g. {flag} gguf:n_threads=2")
+        out.append((name.strip(), key.strip(), value.strip()))
+    return out
+
+
+def _default_out() -> str:
+    return "specmac-compare-" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+@main.command(help=COMPARE_HELP, short_help="Which pairing should I run here? Measure them all.")
+@click.option("--pair", "pairs", multiple=True, metavar="DRAFT:TARGET",
+              help="A pairing, repeatable: draft backend (or ngram) : target backend. "
+                   "Default: every combination of the installed backends, plus ngram.")
+@click.option("--k", "k_text", default="1,2,4,6,8", show_default=True, metavar="LIST",
+              help="K values: a comma list and/or ranges, e.g. 1,2,4 or 1-8.")
+@click.option("--draft-model", multiple=True, metavar="BACKEND=PATH", help="Draft model of a backend.")
+@click.option("--target-model", multiple=True, metavar="BACKEND=PATH", help="Target model of a backend.")
+@click.option("--opt", multiple=True, metavar="BACKEND:KEY=VALUE", help="Backend option, both roles.")
+@click.option("--draft-opt", multiple=True, metavar="BACKEND:KEY=VALUE", help="Option of a draft backend.")
+@click.option("--target-opt", multiple=True, metavar="BACKEND:KEY=VALUE", help="Option of a target backend.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="FILE.toml",
+              help="Models and options per backend (see above).")
+@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="A .json list of prompts, or text with prompts separated by '---' lines. "
+                   "Default: the shipped set (12 code and prose prompts).")
+@click.option("--n-prompts", type=int, help="Use only the first N prompts.")
+@click.option("--max-tokens", type=int, default=64, show_default=True, help="New tokens per run.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Rounds over every prompt.")
+@click.option("--warmup-tokens", type=int, default=8, show_default=True,
+              help="Tokens of the discarded warm-up run of each configuration.")
+@sampling_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Output folder. Default: ./specmac-compare-<UTC time>.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results record as JSON.")
+def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt, config_path,
+            prompts_path, n_prompts, max_tokens, repeats, warmup_tokens, out_dir, as_json, **kw):
+    from specmac import compare as cmp
+    from specmac.results import write_json
+
+    if max_tokens < 1 or repeats < 1 or warmup_tokens < 1:
+        raise UserError("--max-tokens, --repeats and --warmup-tokens must be integers >= 1")
+    settings = cmp.Settings(
+        pairs=cmp.parse_pairs(pairs), ks=cmp.parse_ks(k_text),
+        prompts=cmp.read_prompts(prompts_path, n_prompts), params=sampling_params(kw),
+        max_tokens=max_tokens, repeats=repeats, seed=kw["seed"], warmup_tokens=warmup_tokens,
+        backends=cmp.backend_settings(
+            cmp.read_config(config_path) if config_path else None,
+            draft_model=_backend_kv(draft_model, "--draft-model"),
+            target_model=_backend_kv(target_model, "--target-model"),
+            opts=_backend_opts(opt, "--opt"), draft_opts=_backend_opts(draft_opt, "--draft-opt"),
+            target_opts=_backend_opts(target_opt, "--target-opt")))
+    out = Path(out_dir or _default_out())
+    command = shlex.join(["specmac", *sys.argv[1:]])
+    n_spec = len(settings.pairs) * len(settings.ks)
+    click.echo(f"{len(settings.pairs)} pairings x {len(settings.ks)} K + {len(settings.configs()) - n_spec} "
+               f"baselines, {len(settings.prompts)} prompts x {repeats} repeats", err=True)
+    record = _run_with_progress(cmp, settings, command)
+    write_json(out / "results.json", record)
+    written = cmp.render(record, out)
+    if as_json:
+        emit_json(record)
+        return
+    click.echo(cmp.headline(record).replace("**", ""))
+    click.echo(f"wrote {out / 'results.json'}, " + ", ".join(str(p) for p in written), err=True)
+    if record["interrupted"]:
+        sys.exit(130)
+
+
+def _run_with_progress(cmp, settings, command: str) -> dict:
+    """run_compare with a rich progress bar (with an ETA) on stderr when it is a terminal."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console, disable=not console.is_terminal, transient=True) as bar:
+        task = bar.add_task("loading models", total=settings.n_runs())
+
+        def tick(desc: str) -> None:
+            bar.update(task, advance=1, description=desc[:36])
+
+        return cmp.run_compare(settings, command=command, progress=tick,
+                               status=lambda desc: bar.update(task, description=desc[:36]))
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write the summary and plots here instead of into DIRECTORY.")
+@click.option("--json", "as_json", is_flag=True, help="Print the headline and the files written as JSON.")
+def report(directory, out_dir, as_json):
+    """Re-render summary.md and the plots of a compare run from its results.json (no re-run)."""
+    from specmac import compare as cmp
+
+    record = cmp.load_record(directory)
+    written = cmp.render(record, out_dir or directory)
+    if as_json:
+        emit_json({"headline": cmp.headline(record), "files": [str(p) for p in written]})
+        return
+    click.echo(cmp.headline(record).replace("**", ""))
+    click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
