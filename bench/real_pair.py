@@ -11,6 +11,7 @@ against target-only decoding, measured side by side (A B A B ...) in one process
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from pathlib import Path
 
@@ -39,7 +40,10 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--plot-only", action="store_true", help="re-render table and PNG from results.json")
     args = ap.parse_args()
+    if args.plot_only:
+        return render(json.loads((args.out / "results.json").read_text()), args.out)
     m = args.models.expanduser()
     target = load_backend("gguf", str(m / TARGET_15), {"n_threads": args.threads})
     drafts = {
@@ -84,6 +88,17 @@ def main() -> None:
            "target_info": target.info(), "prompts": PROMPTS, "max_tokens": args.max_tokens,
            "repeats": args.repeats, "records": records}
     write_json(args.out / "results.json", out)
+    render(out, args.out)
+
+
+def render(out: dict, folder: Path) -> None:
+    """table.md (the README table) and speedup.png from the results record."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = out["records"]
     lines = ["| draft -> target | T | acceptance | tokens/pass | spec tok/s | target-only tok/s | speedup |",
              "|---|---|---|---|---|---|---|"]
     for r in records:
@@ -92,8 +107,21 @@ def main() -> None:
             lines.append(f"| {r['draft']} -> gguf | {t[1:]} | {x['acceptance_rate']:.1%} | "
                          f"{x['tokens_per_target_pass']:.2f} | {x['spec_tokens_per_s']:.1f} | "
                          f"{x['target_only_tokens_per_s']:.1f} | {x['speedup']:.2f}x |")
-    (args.out / "table.md").write_text("\n".join(lines) + "\n")
+    (folder / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    names = [f"{r['draft']} -> gguf" for r in records]
+    for i, t in enumerate(("T0", "T1")):
+        ax.bar([j + 0.38 * i for j in range(len(records))], [r[t]["speedup"] for r in records], 0.38,
+               label=f"temperature {t[1:]}")
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="target only (1.0)")
+    ax.set_xticks([j + 0.19 for j in range(len(records))], names)
+    ax.set_ylabel("speedup over target-only (median tokens/s ratio)")
+    ax.set_xlabel("draft backend -> target backend")
+    ax.set_title(f"Qwen2.5-Coder 0.5B -> 1.5B Q4_K_M, K={records[0]['k']}, CPU")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "speedup.png", dpi=120)
 
 
 if __name__ == "__main__":
