@@ -1,0 +1,186 @@
+"""advise's predicted speedup S(K) next to the measured one, and --k auto vs the best fixed K.
+
+For each pairing: `advise` (measured T_draft(1), the target's T(n) curve, acceptance from a run
+on the same prompt and length) predicts S(K) for K = 1..16; then target-only decoding and
+speculative decoding at several fixed K and at K = auto are timed on that prompt (greedy, so every
+method emits the same tokens), `repeats` times each. Measured speedup = median tokens/s of the
+method / median tokens/s of target-only (time inside the loop: draft + verify + sampling, not the
+prompt's prefill).
+
+Writes results/advise/<pairing>.json (with provenance), advise_vs_measured.png and README.md.
+
+    python bench/advise_vs_measured.py [--only NAME ...] [--repeats R] [--models-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from specmac import assets
+from specmac.api import Pair
+from specmac.backends import missing_requirements
+from specmac.costmodel import AdaptiveK, advise
+from specmac.drafters import Drafter
+from specmac.results import model_files, plot_speedup, provenance, write_json
+from specmac.sampling import SamplingParams
+
+OUT = Path(__file__).resolve().parent.parent / "results" / "advise"
+# one prompt, the one advise measures acceptance on, for as many tokens as the timed runs: the
+# comparison tests the cost model, not how well 64 tokens of one text predict another text
+PROMPTS = ["import numpy as np\n\n\ndef normalize(x):\n    \"\"\"Scale x to unit length.\"\"\"\n"]
+GREEDY = SamplingParams(0.0)  # every method emits the same tokens, so the timings compare like with like
+QWEN_DRAFT, QWEN_TARGET = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+
+
+def pairings(models: Path) -> list[dict]:
+    # one thread per model: on this shared 2-core machine two spinning threads were preempted so
+    # often that timings were noise (see results/probes/README.md)
+    q8 = {"quant": "q8_0", "n_threads": 1}
+    t1 = {"n_threads": 1}
+    emb = {"max_tokens": 256, "repeats": 5}
+    qwen = {"target_model": str(models / QWEN_TARGET), "target_options": t1, "max_tokens": 64,
+            "repeats": 3, "ks": (1, 2, 4, 6)}
+    return [
+        {"name": "embedded-gguf-to-gguf", "target": "gguf", "draft": "gguf", "target_options": q8,
+         "draft_options": q8, "needs": [assets.gguf_file("target", "q8_0")], **emb},
+        {"name": "embedded-mlx-to-gguf", "target": "gguf", "draft": "mlx", "target_options": q8,
+         "draft_options": {"dtype": "float32"}, "needs": [assets.hf_dir("draft") / "config.json"], **emb},
+        {"name": "embedded-torch-to-torch", "target": "torch", "draft": "torch",
+         "target_options": {"dtype": "float32", **t1}, "draft_options": {"dtype": "float32", **t1},
+         "needs": [assets.hf_dir("target") / "config.json"], **emb},
+        {"name": "embedded-ngram-to-gguf", "target": "gguf", "draft": "ngram", "target_options": q8,
+         "needs": [assets.gguf_file("target", "q8_0")], **emb},
+        {"name": "qwen0.5b-to-qwen1.5b-gguf", "target": "gguf", "draft": "gguf",
+         "draft_model": str(models / QWEN_DRAFT), "draft_options": t1,
+         "needs": [models / QWEN_TARGET, models / QWEN_DRAFT], **qwen},
+        {"name": "ngram-to-qwen1.5b-gguf", "target": "gguf", "draft": "ngram",
+         "needs": [models / QWEN_TARGET], **qwen},
+    ]
+
+
+def skip_reason(p: dict) -> str | None:
+    for backend in {p["target"], p["draft"]} - {"ngram"}:
+        if missing_requirements(backend):
+            return f"{backend} backend not installed"
+    missing = [str(f) for f in p["needs"] if not Path(f).exists()]
+    return f"model not found: {missing[0]}" if missing else None
+
+
+def one_run(pair: Pair, k, max_tokens: int, seed: int) -> dict:
+    """tokens, seconds, target passes (and the K chosen, for auto) over PROMPTS; k None = target only."""
+    runner = pair if k is not None else Pair(pair.target, Drafter())
+    res = {"tokens": 0, "seconds": 0.0, "passes": 0, "ks": []}
+    for prompt in PROMPTS:
+        policy = AdaptiveK.for_pair(pair) if k == "auto" else (k or 1)
+        out = runner.generate(prompt, params=GREEDY, max_tokens=max_tokens, k=policy, seed=seed)
+        res["tokens"] += out.stats.n_tokens
+        res["seconds"] += out.stats.seconds
+        res["passes"] += out.stats.n_target_passes
+        if k == "auto":
+            res["ks"] += policy.history
+    return res
+
+
+def summarise(runs: list[dict]) -> dict:
+    rates = [r["tokens"] / r["seconds"] for r in runs]
+    out = {"tokens_per_second": statistics.median(rates), "min": min(rates), "max": max(rates),
+           "tokens_per_pass": sum(r["tokens"] for r in runs) / max(sum(r["passes"] for r in runs), 1)}
+    ks = [k for r in runs for k in r["ks"]]
+    if ks:
+        out["k_chosen_median"] = statistics.median(ks)
+    return out
+
+
+def models_of(pair: Pair, p: dict) -> list[str]:
+    files = model_files(pair.target, p.get("target_model"), "target")
+    if hasattr(pair.drafter, "backend"):
+        files += model_files(pair.drafter.backend, p.get("draft_model"), "draft")
+    return files
+
+
+def measure(p: dict, repeats: int) -> dict:
+    pair = Pair.load(p["target"], p["draft"], target_model=p.get("target_model"),
+                     draft_model=p.get("draft_model"), target_options=p.get("target_options"),
+                     draft_options=p.get("draft_options"))
+    rec = advise(pair, params=GREEDY, prompt=PROMPTS[0], run_tokens=p["max_tokens"])
+    methods = [None, *sorted(set(p.get("ks", (1, 2, 4, 8))) | {rec["best_k"]}), "auto"]
+    runs: dict = {k: [] for k in methods}
+    for r in range(repeats):  # methods interleaved, so a change of machine load hits them all alike
+        for k in methods:
+            runs[k].append(one_run(pair, k, p["max_tokens"], seed=r))
+    base = summarise(runs[None])
+    measured = []
+    for k in methods[1:]:
+        m = summarise(runs[k])
+        m.update(k=k, speedup=m["tokens_per_second"] / base["tokens_per_second"],
+                 speedup_min=m["min"] / base["max"], speedup_max=m["max"] / base["min"])
+        measured.append(m)
+        print(f"  k={k}: {m['tokens_per_second']:.1f} tok/s, speedup {m['speedup']:.2f}", flush=True)
+    rec.update(name=p["name"], baseline=base, measured=measured, repeats=repeats, prompts=PROMPTS,
+               max_tokens=p["max_tokens"],
+               provenance=provenance(" ".join(sys.argv), models_of(pair, p)))
+    return rec
+
+
+def rebuild_outputs() -> None:
+    recs = [json.loads(f.read_text()) for f in sorted(OUT.glob("*.json"))]
+    series = [{"label": r["name"], "table": r["table"],
+               "measured": [m for m in r["measured"] if m["k"] != "auto"]} for r in recs]
+    plot_speedup(series, OUT / "advise_vs_measured.png",
+                 title="predicted S(K) (lines) vs measured speedup (markers), greedy")
+    head = (OUT / "README.head.md").read_text() if (OUT / "README.head.md").exists() else ""
+    rows = ["| pairing | \u03b1 | c | target \u03b2 | predicted best K (S) | measured S at that K "
+            "| measured best fixed K (S) | auto S (median K) | auto / best fixed |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in recs:
+        fixed = [m for m in r["measured"] if m["k"] != "auto"]
+        auto = next(m for m in r["measured"] if m["k"] == "auto")
+        best = max(fixed, key=lambda m: m["speedup"])
+        at_pred = next(m for m in fixed if m["k"] == r["best_k"])
+        rows.append(
+            f"| {r['name']} | {r['alpha']:.2f} | {r['c']:.2f} | {r['beta']:.2f} "
+            f"| {r['best_k']} ({r['predicted_speedup']:.2f}x) | {at_pred['speedup']:.2f}x "
+            f"[{at_pred['speedup_min']:.2f}, {at_pred['speedup_max']:.2f}] "
+            f"| {best['k']} ({best['speedup']:.2f}x) | {auto['speedup']:.2f}x "
+            f"({auto.get('k_chosen_median', float('nan')):.0f}) "
+            f"| {auto['tokens_per_second'] / best['tokens_per_second']:.2f} |")
+    per_k = ["| pairing | K | predicted tokens/pass | measured tokens/pass | predicted S "
+             "| measured S [min, max] |", "|---|---|---|---|---|---|"]
+    for r in recs:
+        for m in r["measured"]:
+            row = next((row for row in r["table"] if row["k"] == m["k"]), None)
+            pred = f"{row['predicted_speedup']:.2f}x" if row else "-"
+            e_pred = f"{row['tokens_per_pass']:.2f}" if row else "-"
+            e_meas = f"{m['tokens_per_pass']:.2f}" if m.get("tokens_per_pass") else "-"
+            per_k.append(f"| {r['name']} | {m['k']} | {e_pred} | {e_meas} | {pred} "
+                         f"| {m['speedup']:.2f}x [{m['speedup_min']:.2f}, {m['speedup_max']:.2f}] |")
+    (OUT / "README.md").write_text(
+        f"{head}\n## Results (regenerated by bench/advise_vs_measured.py)\n\n" + "\n".join(rows)
+        + "\n\n### Per K\n\n" + "\n".join(per_k) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--repeats", type=int, help="timed repeats per method (default per pairing)")
+    ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache/specmac/models")
+    args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    for p in pairings(args.models_dir):
+        if args.only and p["name"] not in args.only:
+            continue
+        why = skip_reason(p)
+        if why:
+            print(f"skip {p['name']}: {why}", flush=True)
+            continue
+        print(p["name"], flush=True)
+        write_json(OUT / f"{p['name']}.json", measure(p, args.repeats or p["repeats"]))
+    rebuild_outputs()
+
+
+if __name__ == "__main__":
+    main()

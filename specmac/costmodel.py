@@ -1,0 +1,443 @@
+"""The cost model of speculative decoding: tokens per target pass, speedup, best K, adaptive K.
+
+One step drafts K tokens (K draft passes of one token) and verifies them in one target pass over
+K + 1 tokens, so with acceptance alpha
+
+    E(K) = (1 - alpha^(K+1)) / (1 - alpha)                tokens per target pass
+    S(K) = E(K) * T_t(1) / (K * T_d(1) + T_t(K + 1))       speedup over target-only decoding
+
+T_t(K + 1) is the *measured* time of a batched pass (probe-parallelism), not T_t(1): on a backend
+that verifies serially it grows like (K + 1) * T_t(1) and speculation cannot pay. Pure numpy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+K_MAX = 16
+# verdict thresholds on beta, shared with the probe (see specmac.probes.parallelism.verdict)
+BETA_PARALLEL, BETA_SERIAL = 0.25, 0.75
+
+Alpha = float | Sequence[float | None]
+Curve = Sequence[float] | Callable[[int], float]
+
+
+def acceptance_profile(alpha: Alpha, k: int) -> np.ndarray:
+    """[k] conditional acceptance per draft position; a short profile is extended with its last
+    value (positions never reached carry no information of their own)."""
+    if np.isscalar(alpha):
+        a = float(alpha)  # type: ignore[arg-type]
+        _check_alpha(a)
+        return np.full(k, a)
+    known = [float(a) for a in alpha if a is not None]  # type: ignore[union-attr]
+    if not known:
+        raise ValueError("the acceptance profile is empty: give at least one measured position")
+    prof = [float(a) if a is not None else np.nan for a in alpha][:k]  # type: ignore[union-attr]
+    prof = (prof + [known[-1]] * k)[:k]
+    out = np.array(prof)
+    for i in np.flatnonzero(np.isnan(out)):  # an unreached position inherits the one before
+        out[i] = out[i - 1] if i else known[0]
+    for a in out:
+        _check_alpha(a)
+    return out
+
+
+def _check_alpha(a: float) -> None:
+    if not 0.0 <= a <= 1.0:
+        raise ValueError(f"acceptance {a!r} is out of range: use a probability in [0, 1]")
+
+
+def expected_tokens(alpha: Alpha, k: int) -> float:
+    """E(K): expected tokens emitted per target pass (accepted drafts + the target's own token).
+
+    alpha is a float (i.i.d. acceptance, the closed form) or a per-position profile of
+    conditional acceptance rates a_1..a_K: E = 1 + sum_j prod_{i<=j} a_i.
+    """
+    if k < 0:
+        raise ValueError(f"k {k} is out of range: use k >= 0")
+    if np.isscalar(alpha):
+        a = float(alpha)  # type: ignore[arg-type]
+        _check_alpha(a)
+        return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+    return float(1.0 + np.cumprod(acceptance_profile(alpha, k)).sum()) if k else 1.0
+
+
+def curve_fn(t_target: Curve) -> Callable[[int], float]:
+    """T_t(n) as a function. A sequence gives T_t(1..len); beyond it the line through the last
+    two points is extended (a batched pass grows about linearly in n)."""
+    if callable(t_target):
+        return t_target
+    t = [float(x) for x in t_target]
+    if not t:
+        raise ValueError("the target's timing curve is empty: give T_t(1) at least")
+
+    def f(n: int) -> float:
+        if n <= len(t):
+            return t[n - 1]
+        slope = max(t[-1] - t[-2], 0.0) if len(t) > 1 else 0.0
+        return t[-1] + slope * (n - len(t))
+
+    return f
+
+
+def draft_passes(alpha: Alpha, k: int, catch_up: bool = False) -> float:
+    """Draft passes per step: K, plus (with ``catch_up``) the extra token the draft must consume
+    after a step that accepted all K (the last draft and the bonus token arrive together), which
+    happens with probability prod a_1..a_K. Counted as a whole pass: on a CPU a 2-token draft pass
+    costs about two (see results/probes)."""
+    if not catch_up or k == 0:
+        return float(k)
+    return k + float(np.prod(acceptance_profile(alpha, k)))
+
+
+def predicted_speedup(k: int, alpha: Alpha, t_draft1: float, t_target: Curve,
+                      overhead: float = 0.0, catch_up: bool = False) -> float:
+    """S(K) = E(K) * T_t(1) / (K * T_d(1) + T_t(K + 1)); any time unit, used consistently.
+
+    ``overhead`` is a fixed cost per step outside the passes (sampling, the verify rule) that
+    target-only decoding pays too: S = E (T_t(1) + o) / (K T_d(1) + T_t(K + 1) + o).
+    ``catch_up`` adds the draft's catch-up pass after a fully accepted step (``draft_passes``).
+    """
+    tt = curve_fn(t_target)
+    draft = draft_passes(alpha, k, catch_up) * t_draft1
+    return expected_tokens(alpha, k) * (tt(1) + overhead) / (draft + tt(k + 1) + overhead)
+
+
+def speedup_table(alpha: Alpha, t_draft1: float, t_target: Curve, k_max: int = K_MAX,
+                  overhead: float = 0.0, catch_up: bool = False) -> list[dict]:
+    """Per K = 1..k_max: k, tokens_per_pass, step_ms (draft + verify + overhead), predicted_speedup."""
+    tt = curve_fn(t_target)
+    return [{"k": k, "tokens_per_pass": expected_tokens(alpha, k),
+             "step_ms": draft_passes(alpha, k, catch_up) * t_draft1 + tt(k + 1) + overhead,
+             "predicted_speedup": predicted_speedup(k, alpha, t_draft1, tt, overhead, catch_up)}
+            for k in range(1, k_max + 1)]
+
+
+def best_k(alpha: Alpha, t_draft1: float, t_target: Curve, k_max: int = K_MAX,
+           overhead: float = 0.0, catch_up: bool = False) -> tuple[int, float]:
+    """(argmax_K S(K), its S) over K = 1..k_max."""
+    table = speedup_table(alpha, t_draft1, t_target, k_max, overhead, catch_up)
+    row = max(table, key=lambda r: r["predicted_speedup"])
+    return row["k"], row["predicted_speedup"]
+
+
+def fit_beta(n: Sequence[int], t: Sequence[float]) -> tuple[float, float]:
+    """Fit T(n) = T1 * (1 + beta * (n - 1)); returns (T1, beta).
+
+    T1 is the measured one-token time (median of the timings at n = 1) and beta the median over
+    n > 1 of each width's own (T(n) / T1 - 1) / (n - 1). Anchoring T1 keeps beta the answer to
+    "what does each extra verified token cost, as a fraction of a decode step" even when the
+    curve bends (llama.cpp switches matmul kernels with the batch size, so a free intercept
+    would call a serial small-n range "partly serial"); the median keeps one preempted timing
+    from moving the verdict. Without n = 1, T1 comes from a Theil-Sen line.
+    """
+    x = np.asarray(n, dtype=float) - 1.0
+    y = np.asarray(t, dtype=float)
+    if len(x) == 0:
+        raise ValueError("fit_beta needs at least one timing")
+    if (x == 0).any():
+        t1 = float(np.median(y[x == 0]))
+    else:
+        i, j = np.triu_indices(len(x), k=1)
+        keep = x[i] != x[j]
+        slope = float(np.median((y[j] - y[i])[keep] / (x[j] - x[i])[keep])) if keep.any() else 0.0
+        t1 = float(np.median(y - slope * x))
+    wide = x > 0
+    if not wide.any() or t1 <= 0:
+        return max(t1, 0.0), 0.0
+    return t1, float(np.median((y[wide] / t1 - 1.0) / x[wide]))
+
+
+def why_not(alpha: Alpha, t_draft1: float, t_target: Curve, beta: float, k_max: int = K_MAX,
+            overhead: float = 0.0, catch_up: bool = False) -> list[str]:
+    """Reasons speculation does not pay (empty when the best S(K) > 1), most decisive first.
+
+    Each cost is tested alone with the measured acceptance: if even a free draft cannot pay for
+    the measured verification, verification is to blame; if even free verification cannot pay
+    for the draft, the draft is; if each alone would pay, it is the two together.
+    """
+    tt = curve_fn(t_target)
+    ks = range(1, k_max + 1)
+    if best_k(alpha, t_draft1, tt, k_max, overhead, catch_up)[1] > 1.0:
+        return []
+    c = t_draft1 / tt(1)
+    free_draft = max(predicted_speedup(k, alpha, 0.0, tt, overhead) for k in ks)
+    free_verify = max(predicted_speedup(k, alpha, t_draft1, lambda n: tt(1), overhead, catch_up)
+                      for k in ks)
+    blame = []  # (the speedup with the other cost free, reason): the lower, the more decisive
+    if beta >= BETA_SERIAL:
+        blame.append((min(free_draft, 1.0), f"verification serial: \u03b2 = {beta:.2f}"))
+    elif free_draft <= 1.0:
+        blame.append((free_draft, f"verification too slow: \u03b2 = {beta:.2f}, T(n) grows too fast "
+                                  "for this acceptance"))
+    if free_verify <= 1.0:
+        blame.append((free_verify, f"draft too slow: c = {c:.2f}"))
+    reasons = [r for _, r in sorted(blame, key=lambda b: b[0])]
+    if not reasons:
+        a = float(np.mean(acceptance_profile(alpha, 1 if np.isscalar(alpha) else max(1, len(alpha)))))
+        reasons.append(f"draft and verification costs together: c = {c:.2f}, \u03b2 = {beta:.2f} "
+                       f"(either alone would pay at \u03b1 = {a:.2f}: {free_verify:.2f}x with a free "
+                       f"batched pass, {free_draft:.2f}x with a free draft)")
+    return reasons
+
+
+class AdaptiveK:
+    """Chooses K every step as argmax S(K) from costs and acceptance estimated online.
+
+    From each event: the draft's time per pass (T_d(1); a step makes K passes, one more after a
+    fully accepted step), the time of a target step over n_drafted + 1 tokens, pass plus the
+    loop's overhead (a least-squares line T_t(n) = a + b (n - 1) through every step seen), and
+    acceptance by the maximum-likelihood estimate of a geometric acceptance process,
+    accepted / (accepted + rejections), exponentially forgotten so a change of text is followed.
+    The curve is a line only where no step of that width was seen: a width seen is predicted from
+    its own mean (llama.cpp switches kernels with the batch size, so T(17) can be below T(9)).
+    A short warm-up visits K = 2, 6 and 16 so the line has a slope and the widest pass is known;
+    after that, every
+    ``explore_every`` steps a neighbour of the current best is tried, so the line stays honest
+    where the choice is made. No extra measurement: the estimates come from the events.
+    """
+
+    label = "auto"
+
+    def __init__(self, k_max: int = K_MAX, k_init: int = 4, warmup: Sequence[int] = (2, 6, K_MAX),
+                 decay: float = 0.97, prior_alpha: float = 0.6, prior_weight: float = 2.0,
+                 explore_every: int = 16) -> None:
+        self.k_max = int(min(max(k_max, 1), K_MAX))
+        self.k_init = self._clamp(k_init)
+        self.schedule = [self._clamp(k) for k in warmup]
+        self.decay, self.explore_every = decay, explore_every
+        self.acc = prior_alpha * prior_weight  # decayed accepted drafts
+        self.trials = prior_weight  # decayed accepted + rejected drafts
+        self.draft_time = 0.0
+        self.draft_tokens = 0
+        self.sx = self.sy = self.sxx = self.sxy = self.sn = 0.0  # verify-line sums over n - 1
+        # per width: steps seen and their summed time; the curve is not a line (kernels switch
+        # with the batch size), so a width seen is predicted from its own mean
+        self.n_seen = np.zeros(K_MAX + 2)
+        self.t_seen = np.zeros(K_MAX + 2)
+        self.steps = 0
+        self._caught_up = False
+        self.history: list[int] = []
+        self._k = self.k_init
+
+    @classmethod
+    def for_pair(cls, pair: Any, **kw) -> AdaptiveK:
+        """A policy for this pair (no measurement: everything is learnt from the events)."""
+        return cls(**kw)
+
+    def _clamp(self, k: int) -> int:
+        return int(min(max(k, 1), self.k_max))
+
+    # --- estimates ----------------------------------------------------------------------
+    @property
+    def alpha(self) -> float:
+        return self.acc / self.trials
+
+    def t_draft1(self) -> float:
+        return self.draft_time / self.draft_tokens if self.draft_tokens else 0.0
+
+    def _line(self) -> tuple[float, float]:
+        """(T1, slope) of the least-squares line through the steps seen (seconds)."""
+        if self.sn == 0:
+            return 1.0, 0.0
+        mx, my = self.sx / self.sn, self.sy / self.sn
+        var = self.sxx / self.sn - mx * mx
+        b = (self.sxy / self.sn - mx * my) / var if var > 1e-12 else 0.0
+        a = my - b * mx
+        t1 = a if a > 0 else my / (1 + mx) if my > 0 else 1e-9
+        return t1, max(b, 0.0)
+
+    def _curve(self) -> np.ndarray:
+        """[K_MAX + 2] estimated step time per width n (index n): its own mean where seen, else
+        the line."""
+        t1, b = self._line()
+        n = np.arange(K_MAX + 2)
+        line = np.maximum(t1 + b * (n - 1), 1e-12)
+        seen = self.n_seen > 0
+        return np.where(seen, self.t_seen / np.maximum(self.n_seen, 1), line)
+
+    def t_target(self, n: int) -> float:
+        """Estimated time of a target step over n tokens, the loop's overhead included (seconds)."""
+        if n < len(self.n_seen) and self.n_seen[n] > 0:
+            return float(self.t_seen[n] / self.n_seen[n])
+        t1, b = self._line()
+        return max(t1 + b * (n - 1), 1e-12)
+
+    def predicted(self, k: int) -> float:
+        return predicted_speedup(k, self.alpha, self.t_draft1(), self.t_target, catch_up=True)
+
+    def _best(self) -> int:
+        """argmax_K S(K), vectorised: the policy runs every step, so it must cost microseconds."""
+        curve = self._curve()
+        ks = np.arange(1, self.k_max + 1)
+        a = min(self.alpha, 1.0)
+        e = ks + 1.0 if a >= 1.0 else (1.0 - a ** (ks + 1)) / (1.0 - a)
+        s = e * curve[1] / ((ks + a**ks) * self.t_draft1() + curve[ks + 1])
+        return int(ks[np.argmax(s)])
+
+    # --- the policy ---------------------------------------------------------------------
+    def next_k(self) -> int:
+        return self._k
+
+    def update(self, event: Any) -> None:
+        """Fold one step's event into the estimates and choose the next K."""
+        self.steps += 1
+        self.history.append(event.k)
+        d, a = event.n_drafted, event.n_accepted
+        self.acc = self.decay * self.acc + a
+        self.trials = self.decay * self.trials + a + (1 if a < d else 0)
+        if self.steps > 1 and d > 0:  # the first step's draft time includes the prompt's prefill
+            self.draft_time += event.t_draft
+            self.draft_tokens += d + self._caught_up  # passes, the catch-up pass included
+        self._caught_up = 0 < d == a
+        if self.steps > 1 and event.t_verify > 0:
+            # the pass and the loop's work on its n rows (warp, verify, rewind) both grow with n;
+            # target-only decoding pays the same for n = 1, so the line is the target's whole cost
+            x, y = float(d), float(event.t_verify + event.t_other)  # x = n - 1 for d + 1 tokens
+            self.sn += 1
+            self.sx += x
+            self.sy += y
+            self.sxx += x * x
+            self.sxy += x * y
+            self.n_seen[d + 1] += 1
+            self.t_seen[d + 1] += y
+        self._k = self._choose()
+
+    def _choose(self) -> int:
+        if self.steps <= len(self.schedule):
+            return self.schedule[self.steps - 1]
+        best = self._best()
+        if self.explore_every and self.steps % self.explore_every == 0:
+            return self._clamp(best + (1 if (self.steps // self.explore_every) % 2 else -1))
+        return best
+
+    def info(self) -> dict:
+        return {"policy": self.label, "alpha": self.alpha, "t_draft1_ms": self.t_draft1() * 1e3,
+                "t_target1_ms": self.t_target(1) * 1e3, "k_history": list(self.history)}
+
+
+# --- advise: measure, then predict --------------------------------------------------------
+
+ADVISE_PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
+
+
+def acceptance_from_stats(stats: Any, shrink: float = 4.0) -> tuple[float, list[float]]:
+    """(alpha, profile) from RunStats: alpha is the geometric MLE, accepted / (accepted +
+    rejections); each position's rate is shrunk toward alpha by ``shrink`` pseudo-trials, so a
+    position reached a few times does not swing the prediction."""
+    reached, accepted = np.array(stats.reached, float), np.array(stats.accepted_at, float)
+    if reached.sum() == 0:
+        raise ValueError("the acceptance run drafted nothing: give a longer prompt or max_tokens")
+    alpha = float(accepted.sum() / reached.sum())
+    profile = (accepted + shrink * alpha) / (reached + shrink)
+    return alpha, [float(a) for a in profile]
+
+
+def warp_cost_ms(n_logits: int, n_vocab: int, params: Any, n: int, repeats: int = 15) -> float:
+    """Median ms the loop spends turning n logit rows into probabilities (align + warp)."""
+    from specmac.sampling import warp
+    from specmac.vocab import align_logits
+
+    x = np.random.default_rng(0).standard_normal((n, n_logits)).astype(np.float32)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        warp(align_logits(x, n_vocab), params)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
+def _loop_costs(pair: Any, prompt: Any, params: Any, run_tokens: int, k: int, seed: int):
+    """A short run at K = k (k = 0: target only). -> RunStats and the loop's own costs in ms: per
+    draft pass (a step makes n_drafted passes, one more after a fully accepted step: the catch-up),
+    per step outside the passes, and per emitted token overall (the first step is left out: its
+    draft time includes the prompt's prefill)."""
+    from specmac.api import Pair
+    from specmac.drafters import Drafter
+    from specmac.metrics import RunStats
+
+    runner = pair if k else Pair(pair.target, Drafter())
+    stats = RunStats(k=k)
+    draft_s = other_s = total_s = 0.0
+    drafted = steps = tokens = 0
+    caught_up = False  # did the previous step accept all its drafts?
+    for i, event in enumerate(runner.stream(prompt, params=params, max_tokens=run_tokens, k=max(k, 1),
+                                            seed=seed)):
+        stats.add(event)
+        if i and event.tokens:
+            draft_s, drafted = draft_s + event.t_draft, drafted + event.n_drafted + caught_up
+            other_s, steps = other_s + event.t_other, steps + 1
+            total_s += event.t_draft + event.t_verify + event.t_other
+            tokens += len(event.tokens)
+        caught_up = 0 < event.n_drafted == event.n_accepted
+    loop = {"draft_ms_per_pass": 1e3 * draft_s / drafted if drafted else None,
+            "other_ms_per_step": 1e3 * other_s / steps if steps else None,
+            "ms_per_token": 1e3 * total_s / tokens if tokens else None}
+    return stats, loop
+
+
+def advise(pair: Any, *, params: Any, prompt: str | Sequence[int] = ADVISE_PROMPT,
+           run_tokens: int = 64, run_k: int = 8, k_max: int = K_MAX, context: int = 128,
+           repeats: int = 3, seed: int = 0) -> dict:
+    """Measure T_draft(1), the target's T(n) curve and acceptance (a short speculative run of
+    ``run_tokens`` at K = ``run_k``), then predict S(K) for K = 1..k_max.
+
+    Costs are what the loop pays: the draft's cost per pass (its pass plus sampling, as measured in
+    the run; at least the bare pass T_draft(1)), K passes a step plus a catch-up pass after a fully
+    accepted step (``draft_passes``); per speculative step over n tokens
+    the measured T_t(n) plus the loop's overhead o(n) (turning n rows into probabilities, timed
+    on the spot, plus the fixed rest measured in the run); and per token of target-only decoding
+    what a short target-only run of the loop measures (T_t(1) and its lighter overhead), which is
+    the curve's n = 1 entry, the numerator of S(K).
+
+    Returns best_k, predicted_speedup, alpha, alpha_profile, c, beta, verdict, t_draft_ms,
+    t_target_ms, table (per K: k, tokens_per_pass, step_ms, predicted_speedup), reasons (why
+    speculation will not pay; empty when it will) and the probe record.
+    """
+    from specmac.drafters import ModelDrafter
+    from specmac.errors import BadOption
+    from specmac.probes import probe_parallelism, time_single
+
+    if not pair.speculative:
+        raise BadOption("advise needs a draft: add --draft BACKEND (or --draft ngram)")
+    stats, loop = _loop_costs(pair, prompt, params, run_tokens, run_k, seed)
+    alpha, profile = acceptance_from_stats(stats)
+    _, base = _loop_costs(pair, prompt, params, run_tokens, 0, seed)
+    target = pair.target
+    n_max = k_max + 1
+    probe = probe_parallelism(target, n_max=n_max, context=min(context, target.n_ctx - n_max),
+                              repeats=repeats)
+    t_pass = None
+    if isinstance(pair.drafter, ModelDrafter):
+        d = pair.drafter.backend
+        t_pass = time_single(d, context=min(context, d.n_ctx - 1), repeats=10)["median_ms"]
+    t_draft = max(x for x in (loop["draft_ms_per_pass"], t_pass, 0.0) if x is not None)
+    V, W = target.vocab.size, target.vocab.n_logits or target.vocab.size
+    w1, wn = warp_cost_ms(W, V, params, 1), warp_cost_ms(W, V, params, n_max)
+    w_row = max(wn - w1, 0.0) / (n_max - 1)
+    fixed = max((loop["other_ms_per_step"] or 0.0) - (w1 + w_row * run_k), 0.0)
+    t_curve = probe["batched_ms"]
+    step = [t + fixed + w1 + w_row * (n - 1) for n, t in enumerate(t_curve, start=1)]  # T_t(n) + o(n)
+    step[0] = base["ms_per_token"] or step[0]  # what target-only decoding pays per token
+    table = speedup_table(profile, t_draft, step, k_max, catch_up=True)
+    best = max(table, key=lambda r: r["predicted_speedup"])
+    return {
+        "best_k": best["k"], "predicted_speedup": best["predicted_speedup"],
+        "alpha": alpha, "alpha_profile": profile, "c": t_draft / step[0],
+        "beta": probe["beta"], "verdict": probe["verdict"],
+        "t_draft_ms": t_draft, "t_draft_pass_ms": t_pass, "t_target_ms": t_curve[0],
+        "target_only_ms_per_token": step[0],
+        "target_curve_ms": t_curve, "loop_overhead_ms": [s - t for s, t in zip(step, t_curve)],
+        "table": table,
+        "reasons": why_not(profile, t_draft, step, probe["beta"], k_max, catch_up=True),
+        "acceptance_run": {"k": run_k, "n_tokens": stats.n_tokens, "n_drafted": stats.n_drafted,
+                           "n_accepted": stats.n_accepted,
+                           "per_position_acceptance": stats.per_position_acceptance, **loop},
+        "target_only_run": base,
+        "probe": probe,
+        **pair.info(),
+    }

@@ -1,0 +1,84 @@
+"""Per-token cost of the draft and the target: T_draft(1), T_target(1), c = T_draft / T_target.
+
+Timing discipline: a fixed prefill, warm-up calls, ``sync()`` before reading the clock, several
+repeats, median and spread (interquartile range).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from specmac.backends import BaseBackend
+from specmac.errors import BadOption
+
+# code-like text: the embedded pair and the Qwen coder models are trained on code
+PROBE_TEXT = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+    "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n"
+    "for i in range(10):\n    print(i, fibonacci(i))\n"
+)
+
+
+def probe_tokens(backend: BaseBackend, n: int, text: str = PROBE_TEXT) -> list[int]:
+    """n ordinary token ids from ``text`` (repeated as needed), with special ids left out."""
+    ids = [t for t in backend.encode(text) if t not in backend.vocab.special_ids
+           and t not in backend.vocab.eos_ids]
+    if not ids:
+        raise BadOption(f"the {backend.name} backend encodes the probe text to no ordinary tokens")
+    return (ids * (n // len(ids) + 1))[:n]
+
+
+def timed(backend: BaseBackend, fn: Callable[[], object]) -> float:
+    """Seconds fn takes, with the backend synchronised before and after."""
+    backend.sync()
+    t0 = time.perf_counter()
+    fn()
+    backend.sync()
+    return time.perf_counter() - t0
+
+
+def summary(samples_s: Sequence[float]) -> dict:
+    """Median, quartiles and interquartile range of timings, in milliseconds."""
+    ms = np.asarray(samples_s) * 1e3
+    q1, med, q3 = np.percentile(ms, [25, 50, 75])
+    return {"median_ms": float(med), "q1_ms": float(q1), "q3_ms": float(q3), "iqr_ms": float(q3 - q1),
+            "n": len(ms)}
+
+
+def check_context(backend: BaseBackend, context: int, extra: int) -> None:
+    if context < 1:
+        raise BadOption(f"--context {context} is out of range: use an integer >= 1")
+    if context + extra > backend.n_ctx:
+        raise BadOption(f"--context {context} + {extra} probe tokens exceed the {backend.name} "
+                        f"backend's context window of {backend.n_ctx}: lower --context")
+
+
+def time_single(backend: BaseBackend, *, context: int = 64, repeats: int = 10,
+                warmup: int = 2) -> dict:
+    """T(1): one-token score calls after a prefill of ``context`` tokens, rewound between calls."""
+    check_context(backend, context, 1)
+    ids = probe_tokens(backend, context + 1)
+    backend.reset()
+    backend.prefill(ids[:context])
+    samples = []
+    for i in range(warmup + repeats):
+        backend.rewind(context)
+        dt = timed(backend, lambda: backend.score(ids[context:]))
+        if i >= warmup:
+            samples.append(dt)
+    backend.reset()
+    return summary(samples)
+
+
+def measure_latency(draft: BaseBackend, target: BaseBackend, *, context: int = 64,
+                    repeats: int = 10) -> dict:
+    """T_draft(1), T_target(1) (medians, ms) and their ratio c."""
+    d = time_single(draft, context=context, repeats=repeats)
+    t = time_single(target, context=context, repeats=repeats)
+    return {"t_draft_ms": d["median_ms"], "t_draft_iqr_ms": d["iqr_ms"],
+            "t_target_ms": t["median_ms"], "t_target_iqr_ms": t["iqr_ms"],
+            "c": d["median_ms"] / t["median_ms"]}

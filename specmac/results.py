@@ -1,0 +1,212 @@
+"""Result records with provenance, atomic JSON writes and small plots.
+
+Every record says where it came from: the command line, the git commit, the time, the versions of
+python and of every backend library, the machine, and the SHA-256 of each model file it used (hub
+ids are recorded as ids). matplotlib is imported inside the plot functions (Agg backend), so
+importing this module needs the standard library alone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+LIBRARIES = ("numpy", "mlx", "mlx-lm", "llama-cpp-python", "torch", "transformers")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git_sha(cwd: Path = REPO) -> str | None:
+    """The commit of the checkout (with "+dirty" when tracked files changed), or None."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("+dirty" if dirty else "")
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def model_fingerprints(models: Iterable[str | Path | None]) -> list[dict]:
+    """sha256 of each model file; a folder hashes its weight/config/tokenizer files; else an id."""
+    out = []
+    for m in models:
+        if m is None:
+            continue
+        p = Path(m).expanduser()
+        if p.is_file():
+            out.append({"model": str(m), "sha256": sha256_file(p), "bytes": p.stat().st_size})
+        elif p.is_dir():
+            files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in
+                           (".safetensors", ".json", ".gguf", ".model", ".bin", ".npz"))
+            out.append({"model": str(m), "files": {f.name: sha256_file(f) for f in files}})
+        else:
+            out.append({"model": str(m), "hub_id": str(m)})
+    return out
+
+
+def model_files(backend: Any, model: str | None, role: str = "target") -> list[str]:
+    """What to fingerprint for a loaded backend: the user's model, or the embedded file/folder it
+    loaded (gguf: the .gguf of its quant; torch and mlx: the HF folder); nothing for synthetic."""
+    if model:
+        return [model]
+    from specmac import assets
+
+    if backend.name == "gguf":
+        quant = getattr(backend, "resolved", {}).get("quant") or "q8_0"
+        return [str(assets.gguf_file(role, quant))]
+    if backend.name in ("torch", "mlx"):
+        return [str(assets.hf_dir(role))]
+    return []
+
+
+def memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "machine": platform.machine(),
+            "processor": platform.processor() or _cpu_model(), "cpu_count": os.cpu_count(),
+            "memory_bytes": memory_bytes()}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def provenance(command: str | None = None, models: Sequence[str | Path | None] = ()) -> dict:
+    """Where a result came from: command, git sha, UTC time, versions, machine, model SHA-256."""
+    from specmac import __version__
+    from specmac.backends import library_version
+
+    return {
+        "command": command if command is not None else " ".join(sys.argv),
+        "git_sha": git_sha(),
+        "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "specmac": __version__,
+        "python": platform.python_version(),
+        "libraries": {lib: library_version(lib) for lib in LIBRARIES},
+        "machine": machine(),
+        "models": model_fingerprints(models),
+    }
+
+
+def write_json(path: str | Path, record: Any) -> Path:
+    """Write record as JSON atomically: a temporary file in the same folder, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_parallelism(records: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
+    """T(n) batched vs serial vs ideal, one panel per probe record."""
+    plt = _pyplot()
+    cols = min(len(records), 3)
+    rows = (len(records) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
+    for ax, r in zip(axes.flat, records):
+        n = r["n"]
+        for key, marker, label in (("batched", "o", "batched score(n)"), ("serial", "s", "n x score(1)")):
+            ax.errorbar(n, r[f"{key}_ms"], yerr=_quartile_bars(r[f"{key}_ms"], r.get(f"{key}_quartiles_ms")),
+                        marker=marker, ms=3, capsize=2, label=label)
+        ax.plot(n, r["ideal_ms"], "k--", lw=1, label="ideal (free width)")
+        fit = [r["t1_ms"] * (1 + r["beta"] * (x - 1)) for x in n]
+        ax.plot(n, fit, ":", color="C3", lw=1.2, label=f"fit \u03b2 = {r['beta']:.2f}")
+        ax.set_title(r.get("label") or f"{r['backend']}: {r['verdict']}", fontsize=9)
+        ax.set_xlabel("tokens per pass n")
+        ax.set_ylabel("time (ms, log scale; bars: quartiles)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(records):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return save_figure(fig, path)
+
+
+def _quartile_bars(med: Sequence[float], quartiles: Sequence[Sequence[float]] | None):
+    """Asymmetric error bars from [q1, q3] per point (none when the record has no quartiles)."""
+    if not quartiles:
+        return None
+    return [[max(m - q[0], 0.0) for m, q in zip(med, quartiles)],
+            [max(q[1] - m, 0.0) for m, q in zip(med, quartiles)]]
+
+
+def plot_speedup(series: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
+    """Predicted S(K) per series ({"label", "table"} with advise's table); measured points, if
+    a series has "measured": [{"k", "speedup"}], are drawn as markers in the same colour."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4 + 2.6 * (len(series) > 2), 4.2))
+    for i, s in enumerate(series):
+        ks = [row["k"] for row in s["table"]]
+        ax.plot(ks, [row["predicted_speedup"] for row in s["table"]], color=f"C{i}",
+                label=f"{s['label']} (predicted)")
+        meas = s.get("measured") or []
+        if meas:
+            ax.plot([m["k"] for m in meas], [m["speedup"] for m in meas], "o", color=f"C{i}",
+                    label=f"{s['label']} (measured)")
+    ax.axhline(1.0, color="k", lw=0.8, ls="--", label="break-even")
+    ax.set_xlabel("draft tokens per step K")
+    ax.set_ylabel("speedup over target-only")
+    ax.grid(alpha=0.3)
+    if len(series) > 2:  # many series: the legend goes beside the axes, not over the points
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return save_figure(fig, path)

@@ -1,0 +1,217 @@
+"""The cost model: closed forms, the measured-curve speedup, best K, reasons, adaptive K."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specmac.api import Pair
+from specmac.costmodel import (
+    AdaptiveK,
+    acceptance_from_stats,
+    best_k,
+    expected_tokens,
+    fit_beta,
+    predicted_speedup,
+    speedup_table,
+    why_not,
+)
+from specmac.metrics import RunStats
+from specmac.sampling import SamplingParams
+from specmac.speculative import Event
+
+
+def brute_expected(alpha: float, k: int) -> float:
+    """sum over accepted lengths a of P(a) * (a + 1), by enumeration (float64)."""
+    p = [alpha**a * (1 - alpha) for a in range(k)] + [alpha**k]
+    return sum(pa * (a + 1) for a, pa in enumerate(p))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.999, 1.0])
+@pytest.mark.parametrize("k", [0, 1, 4, 16])
+def test_expected_tokens_closed_form(alpha, k):
+    assert expected_tokens(alpha, k) == pytest.approx(brute_expected(alpha, k), abs=1e-12)
+    assert expected_tokens([alpha], k) == pytest.approx(brute_expected(alpha, k), abs=1e-12)
+
+
+def test_expected_tokens_profile():
+    assert expected_tokens([1.0, 1.0, 0.0], 3) == pytest.approx(3.0)
+    assert expected_tokens([0.9, 0.5], 2) == pytest.approx(1 + 0.9 + 0.45)
+    # a short profile is extended with its last value; an unreached position inherits the one before
+    assert expected_tokens([0.9, 0.5], 4) == pytest.approx(1 + 0.9 + 0.45 + 0.225 + 0.1125)
+    assert expected_tokens([0.9, None, 0.5], 3) == pytest.approx(1 + 0.9 + 0.81 + 0.405)
+    with pytest.raises(ValueError, match="out of range"):
+        expected_tokens(1.5, 3)
+
+
+@pytest.mark.parametrize("alpha,c", [(0.6, 0.1), (0.8, 0.3), (0.95, 0.05), (0.4, 0.9)])
+def test_free_verification_reproduces_closed_form(alpha, c):
+    """With T(K+1) = T(1) the speedup is the paper's (1 - a^(K+1)) / ((1 - a)(K c + 1))."""
+    t1 = 7.0
+    for k in range(1, 17):
+        closed = (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+        assert predicted_speedup(k, alpha, c * t1, [t1] * 17) == pytest.approx(closed, rel=1e-12)
+        assert predicted_speedup(k, alpha, c * t1, lambda n: t1) == pytest.approx(closed, rel=1e-12)
+
+
+def test_serial_verification_never_pays():
+    t1 = 10.0
+    serial = [t1 * n for n in range(1, 18)]
+    for alpha in (0.5, 0.9, 0.99):
+        k, s = best_k(alpha, 0.5, serial)
+        assert s < 1.0
+        reasons = why_not(alpha, 0.5, serial, beta=1.0)
+        assert reasons[0] == "verification serial: \u03b2 = 1.00"
+
+
+def test_best_k_is_argmax_of_table():
+    curve = [5.0 * (1 + 0.1 * (n - 1)) for n in range(1, 18)]
+    table = speedup_table(0.8, 0.5, curve)
+    k, s = best_k(0.8, 0.5, curve)
+    assert [r["k"] for r in table] == list(range(1, 17))
+    assert s == max(r["predicted_speedup"] for r in table)
+    assert table[k - 1]["predicted_speedup"] == s
+    assert why_not(0.8, 0.5, curve, beta=0.1) == []
+
+
+def test_reason_draft_too_slow():
+    reasons = why_not(0.5, 6.2, [10.0] * 17, beta=0.0)
+    assert reasons == ["draft too slow: c = 0.62"]
+
+
+def test_curve_extrapolates_linearly():
+    # T(n) measured up to n = 3 only; beyond it the last slope continues
+    s = predicted_speedup(4, 1.0, 0.0, [1.0, 1.5, 2.0])
+    assert s == pytest.approx(5 * 1.0 / 3.0)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.2, 0.5, 1.0])
+def test_fit_recovers_beta_from_synthetic_timings(beta):
+    rng = np.random.default_rng(0)
+    n = np.repeat(np.arange(1, 17), 5)
+    t = 3.0 * (1 + beta * (n - 1)) * (1 + 0.02 * rng.standard_normal(len(n)))
+    t1, b = fit_beta(n, t)
+    assert t1 == pytest.approx(3.0, rel=0.03)
+    assert b == pytest.approx(beta, abs=0.02)
+
+
+def test_acceptance_from_stats_is_geometric_mle():
+    stats = RunStats()
+    # accepted lengths 2 of 4, 4 of 4, 0 of 4: 6 accepted, 2 rejections
+    for a in (2, 4, 0):
+        stats.add(Event([0] * (a + 1), ["accepted"] * a + ["corrected"], 4, 4, a, 0.0, 0.0, 0.0))
+    alpha, profile = acceptance_from_stats(stats, shrink=0.0)
+    assert alpha == pytest.approx(6 / 8)
+    assert profile == pytest.approx([2 / 3, 2 / 2, 1 / 2, 1 / 1])  # accepted / reached per position
+
+
+# --- adaptive K ---------------------------------------------------------------------------
+
+def simulate(policy, *, alpha, t_d, t1, beta, steps, seed=0):
+    """Feed a policy events of a simulated pair; return (tokens, seconds)."""
+    rng = np.random.default_rng(seed)
+    tokens = seconds = 0.0
+    for _ in range(steps):
+        k = policy.next_k()
+        assert 1 <= k <= 16
+        a = 0
+        while a < k and rng.random() < alpha:
+            a += 1
+        t_draft = k * t_d * (1 + 0.05 * rng.standard_normal())
+        t_verify = t1 * (1 + beta * k) * (1 + 0.05 * rng.standard_normal())
+        ev = Event([0] * (a + 1), ["accepted"] * a + ["bonus" if a == k else "corrected"], k, k, a,
+                   t_draft, t_verify, 1e-5)
+        policy.update(ev)
+        tokens += a + 1
+        seconds += t_draft + t_verify + 1e-5
+    return tokens, seconds
+
+
+class Fixed:
+    def __init__(self, k):
+        self.k = k
+
+    def next_k(self):
+        return self.k
+
+    def update(self, ev):
+        pass
+
+
+@pytest.mark.parametrize("alpha,t_d,beta", [(0.9, 0.05, 0.05), (0.6, 0.2, 0.1), (0.8, 0.02, 0.6),
+                                            (0.3, 0.5, 0.0), (0.95, 0.1, 1.0)])
+def test_adaptive_k_matches_best_fixed_k(alpha, t_d, beta):
+    t1, steps = 1.0, 600
+    rates = {k: np.divide(*simulate(Fixed(k), alpha=alpha, t_d=t_d, t1=t1, beta=beta, steps=steps))
+             for k in range(1, 17)}
+    policy = AdaptiveK()
+    auto = np.divide(*simulate(policy, alpha=alpha, t_d=t_d, t1=t1, beta=beta, steps=steps))
+    assert auto >= 0.93 * max(rates.values())
+    k_star, _ = best_k(alpha, t_d, lambda n: t1 * (1 + beta * (n - 1)))
+    settled = np.bincount(policy.history[-200:]).argmax()
+    assert abs(settled - k_star) <= 1 or rates[settled] >= 0.97 * rates[k_star]
+
+
+def test_adaptive_k_in_the_loop():
+    pair = Pair.load("synthetic", "synthetic", draft_options={"noise": 0.3})
+    policy = AdaptiveK.for_pair(pair)
+    out = pair.generate("hello", params=SamplingParams(temperature=1.0), max_tokens=200, k=policy, seed=1)
+    assert out.stats.k == "auto"
+    assert len(out.token_ids) > 0
+    assert all(1 <= k <= 16 for k in policy.history[:-1])
+    assert 0.0 < policy.alpha < 1.0
+
+
+def test_adaptive_k_vectorised_choice_matches_the_model():
+    policy = AdaptiveK(warmup=(), explore_every=0)
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        d = int(rng.integers(1, 9))
+        a = int(rng.integers(0, d + 1))
+        policy.update(Event([0] * (a + 1), ["accepted"] * a + ["corrected"], d, d, a,
+                            d * 2e-4, 1e-3 * (1 + 0.3 * d) * rng.uniform(0.9, 1.1), 5e-5))
+        assert policy.next_k() == max(range(1, 17), key=policy.predicted)
+
+
+def test_reasons_blame_each_cost_alone_first():
+    partly = [10.0 * (1 + 0.6 * (n - 1)) for n in range(1, 18)]
+    assert why_not(0.5, 0.0, partly, beta=0.6)[0].startswith("verification too slow: \u03b2 = 0.60")
+    # each alone would pay (free draft 1.13x, free verification 1.22x), together they do not (0.89x)
+    both = why_not(0.7, 4.0, [10.0 * (1 + 0.5 * (n - 1)) for n in range(1, 18)], beta=0.5)
+    assert both == ["draft and verification costs together: c = 0.40, \u03b2 = 0.50 (either alone would "
+                    "pay at \u03b1 = 0.70: 1.22x with a free batched pass, 1.13x with a free draft)"]
+
+
+def test_draft_catch_up_pass():
+    from specmac.costmodel import draft_passes
+
+    assert draft_passes(0.5, 2) == 2.0
+    assert draft_passes(0.5, 2, catch_up=True) == pytest.approx(2.25)
+    assert draft_passes([1.0, 0.5, 0.5], 3, catch_up=True) == pytest.approx(3.25)
+    # with a catch-up pass S is E T1 / ((K + a^K) T_d + T(K + 1))
+    s = predicted_speedup(2, 0.5, 1.0, [10.0] * 5, catch_up=True)
+    assert s == pytest.approx(1.75 * 10.0 / (2.25 + 10.0))
+
+
+def test_adaptive_k_finds_a_cheap_wide_pass():
+    """A curve that is not a line (llama.cpp switches kernels at n = 16): the policy must find it."""
+
+    rng = np.random.default_rng(0)
+
+    def run(policy, steps=400, alpha=0.95, t_d=0.05):
+        tokens = seconds = 0.0
+        for _ in range(steps):
+            k = policy.next_k()
+            a = 0
+            while a < k and rng.random() < alpha:
+                a += 1
+            t_verify = (1 + 0.8 * k) * (0.45 if k + 1 >= 16 else 1.0)
+            policy.update(Event([0] * (a + 1), ["accepted"] * a + ["corrected"], k, k, a, k * t_d,
+                                t_verify, 0.0))
+            tokens, seconds = tokens + a + 1, seconds + k * t_d + t_verify
+        return tokens / seconds
+
+    best = max(run(Fixed(k)) for k in range(1, 17))
+    policy = AdaptiveK()
+    assert run(policy) >= 0.9 * best
+    assert np.bincount(policy.history[-100:]).argmax() >= 15
