@@ -76,9 +76,14 @@ class Pair:
         return self.target.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
     def stream(self, prompt: str | Sequence[int], *, params: SamplingParams | None = None,
-               max_tokens: int = 128, k: int | FixedK = 4, seed: int = 0,
+               max_tokens: int = 128, k: int | str | FixedK = 4, seed: int = 0,
                rule: VerifyRule | None = None) -> Iterator[Event]:
+        """k: drafts per step, "auto" (adaptive, from the cost model), or a policy object."""
         check_run_args(max_tokens, k)
+        if k == "auto":
+            from specmac.costmodel import AdaptiveK
+
+            k = AdaptiveK.for_pair(self)
         return speculative_steps(self.target, self.drafter, self.encode(prompt),
                                  params=params or SamplingParams(), max_tokens=max_tokens,
                                  rng=np.random.default_rng(seed), k=k, rule=rule)
@@ -99,14 +104,14 @@ class Pair:
 def check_run_args(max_tokens: int, k: int | FixedK) -> None:
     if not (isinstance(max_tokens, int) and max_tokens >= 1):
         raise BadOption(f"max_tokens {max_tokens!r} is out of range: use an integer >= 1")
-    if isinstance(k, int) and not k >= 1:
+    if isinstance(k, str) and k != "auto" or isinstance(k, int) and not k >= 1:
         raise BadOption(f"k {k!r} is out of range: use an integer >= 1 (or 'auto')")
 
 
 def generate(prompt: str | Sequence[int], *, target: str = "synthetic", draft: str | None = None,
              target_model: str | None = None, draft_model: str | None = None,
              target_options: dict | None = None, draft_options: dict | None = None,
-             k: int = 4, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             k: int | str = 4, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              min_p: float = 0.0, max_tokens: int = 128, seed: int = 0) -> Generation:
     """Load a pair and generate once. For many calls, load a ``Pair`` once and reuse it."""
     params = SamplingParams(temperature, top_k, top_p, min_p)
@@ -116,7 +121,7 @@ def generate(prompt: str | Sequence[int], *, target: str = "synthetic", draft: s
 
 
 def stream(prompt: str | Sequence[int], *, target: str = "synthetic", draft: str | None = None,
-           k: int = 4, params: SamplingParams | None = None, max_tokens: int = 128, seed: int = 0,
+           k: int | str = 4, params: SamplingParams | None = None, max_tokens: int = 128, seed: int = 0,
            **load_kw) -> Iterator[Event]:
     """Load a pair and stream its events (tokens with their kind, per step)."""
     pair = Pair.load(target, draft, **load_kw)

@@ -171,6 +171,8 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k, max_tokens: int, 
     result = {"prompt": prompt, "n_prompt_tokens": len(ids), "text": pair.target.decode(token_ids),
               "token_ids": token_ids, **sd, "wall_seconds": wall, "sampling": params.to_dict(),
               "seed": seed, **pair.info(), **meta}
+    if hasattr(k, "info"):  # an adaptive policy: what it learned and the K it chose
+        result["k_policy"] = k.info()
     if baseline and not interrupted:
         base_events, interrupted = generate_events(Pair(pair.target, Drafter()), ids, params=params,
                                                    max_tokens=max_tokens, seed=seed)

@@ -250,3 +250,14 @@ def test_acceptance_tracks_the_analytic_rate():
     acc = [pair.generate(prompt, params=params, max_tokens=2, k=1, seed=i).stats.n_accepted
            for i in range(4000)]
     assert abs(np.mean(acc) - expected) < 4 * np.sqrt(expected * (1 - expected) / 4000)
+
+
+def test_adaptive_k_is_lossless_under_greedy_and_sampling():
+    pair = synthetic_pair(V=40, noise=0.5, eos_bias=-8)
+    base = Pair(pair.target, Drafter())
+    greedy = SamplingParams(0.0)
+    spec = pair.generate([3, 4], params=greedy, max_tokens=48, k="auto")
+    assert spec.token_ids == base.generate([3, 4], params=greedy, max_tokens=48).token_ids
+    assert spec.stats.k == "auto" and spec.stats.n_drafted > 0
+    small = synthetic_pair()
+    assert gof(small, [1, 2], SamplingParams(1.0), k="auto", n=1500).p_value > 1e-3
