@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from specmac.errors import SpecmacError
+
 K_MAX = 16
 # verdict thresholds on beta, shared with the probe (see specmac.probes.parallelism.verdict)
 BETA_PARALLEL, BETA_SERIAL = 0.25, 0.75
@@ -195,10 +197,11 @@ class AdaptiveK:
     accepted / (accepted + rejections), exponentially forgotten so a change of text is followed.
     The curve is a line only where no step of that width was seen: a width seen is predicted from
     its own mean (llama.cpp switches kernels with the batch size, so T(17) can be below T(9)).
-    A short warm-up visits K = 2, 6 and 16 so the line has a slope and the widest pass is known;
-    after that, every
-    ``explore_every`` steps a neighbour of the current best is tried, so the line stays honest
-    where the choice is made. No extra measurement: the estimates come from the events.
+    Built by ``for_pair`` (what ``--k auto`` uses) it starts calibrated: a short probe times the
+    target's pass at the widths K can take and the draft's pass, so no step is spent exploring
+    (the steps then add the loop's own overhead to that curve). Uncalibrated, a short warm-up
+    visits K = 2, 6 and 16 so the line has a slope and the widest pass is known, and every
+    ``explore_every`` steps a neighbour of the current best is tried.
     """
 
     label = "auto"
@@ -223,11 +226,50 @@ class AdaptiveK:
         self._caught_up = False
         self.history: list[int] = []
         self._k = self.k_init
+        # calibration (for_pair): measured T_t(n) per width [K_MAX + 2] and T_d(1), seconds;
+        # steps then correct the prior by the loop's overhead (mean residual) and by their own means
+        self.prior: np.ndarray | None = None
+        self.prior_draft = 0.0
+        self.resid_sum = self.resid_n = 0.0
+        self.calibration_s = 0.0
 
     @classmethod
-    def for_pair(cls, pair: Any, **kw) -> AdaptiveK:
-        """A policy for this pair (no measurement: everything is learnt from the events)."""
-        return cls(**kw)
+    def for_pair(cls, pair: Any, *, calibrate: bool = True, **kw) -> AdaptiveK:
+        """A policy for this pair. With ``calibrate``, a short probe first times the target's pass
+        at the widths K can take and the draft's one-token pass (seconds on a 1.5B model, before
+        the first token), so no step is spent exploring costs; acceptance is learnt online."""
+        policy = cls(**kw)
+        if calibrate:
+            policy.calibrate(pair)
+        return policy
+
+    def calibrate(self, pair: Any, context: int = 16) -> None:
+        """Measure T_t(n) at a few widths (interpolated between) and T_d(1); see for_pair."""
+        from specmac.probes.latency import probe_tokens, time_single, timed
+
+        t0, target = time.perf_counter(), pair.target
+        widths = sorted({w for w in (1, 2, 3, 4, 5, 6, 8, 10, 13, self.k_max + 1) if w <= self.k_max + 1})
+        try:
+            ids = probe_tokens(target, context + widths[-1])
+            target.reset()
+            target.prefill(ids[:context])
+            times = {}
+            for n in (widths[-1], 1, *widths):  # the first two warm buffers and kernels up
+                target.rewind(context)
+                times[n] = timed(target, lambda n=n: target.score(ids[context:context + n]))
+            backend = getattr(pair.drafter, "backend", None)
+            self.prior_draft = time_single(backend, context=context, repeats=3, warmup=1)["median_ms"] / 1e3 \
+                if backend is not None else 0.0
+        except (ValueError, SpecmacError):  # e.g. a context window too small to probe
+            return
+        finally:
+            target.reset()
+            pair.drafter.trim(0)
+        curve = np.interp(np.arange(K_MAX + 2), widths, [times[w] for w in widths])
+        self.prior = np.maximum(curve, 1e-12)
+        self.schedule, self.explore_every = [], 0  # costs are known: no exploring steps
+        self.calibration_s = time.perf_counter() - t0
+        self._k = self._best()
 
     def _clamp(self, k: int) -> int:
         return int(min(max(k, 1), self.k_max))
@@ -238,7 +280,7 @@ class AdaptiveK:
         return self.acc / self.trials
 
     def t_draft1(self) -> float:
-        return self.draft_time / self.draft_tokens if self.draft_tokens else 0.0
+        return self.draft_time / self.draft_tokens if self.draft_tokens else self.prior_draft
 
     def _line(self) -> tuple[float, float]:
         """(T1, slope) of the least-squares line through the steps seen (seconds)."""
@@ -254,16 +296,18 @@ class AdaptiveK:
     def _curve(self) -> np.ndarray:
         """[K_MAX + 2] estimated step time per width n (index n): its own mean where seen, else
         the line."""
-        t1, b = self._line()
-        n = np.arange(K_MAX + 2)
-        line = np.maximum(t1 + b * (n - 1), 1e-12)
+        if self.prior is not None:
+            unseen = self.prior + (self.resid_sum / self.resid_n if self.resid_n else 0.0)
+        else:
+            t1, b = self._line()
+            unseen = np.maximum(t1 + b * (np.arange(K_MAX + 2) - 1), 1e-12)
         seen = self.n_seen > 0
-        return np.where(seen, self.t_seen / np.maximum(self.n_seen, 1), line)
+        return np.where(seen, self.t_seen / np.maximum(self.n_seen, 1), np.maximum(unseen, 1e-12))
 
     def t_target(self, n: int) -> float:
         """Estimated time of a target step over n tokens, the loop's overhead included (seconds)."""
-        if n < len(self.n_seen) and self.n_seen[n] > 0:
-            return float(self.t_seen[n] / self.n_seen[n])
+        if n < len(self.n_seen):
+            return float(self._curve()[n])
         t1, b = self._line()
         return max(t1 + b * (n - 1), 1e-12)
 
@@ -305,6 +349,9 @@ class AdaptiveK:
             self.sxy += x * y
             self.n_seen[d + 1] += 1
             self.t_seen[d + 1] += y
+            if self.prior is not None:
+                self.resid_sum += y - self.prior[d + 1]
+                self.resid_n += 1
         self._k = self._choose()
 
     def _choose(self) -> int:
@@ -317,7 +364,8 @@ class AdaptiveK:
 
     def info(self) -> dict:
         return {"policy": self.label, "alpha": self.alpha, "t_draft1_ms": self.t_draft1() * 1e3,
-                "t_target1_ms": self.t_target(1) * 1e3, "k_history": list(self.history)}
+                "t_target1_ms": self.t_target(1) * 1e3, "calibrated": self.prior is not None,
+                "calibration_s": self.calibration_s, "k_history": list(self.history)}
 
 
 # --- advise: measure, then predict --------------------------------------------------------

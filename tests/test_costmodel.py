@@ -215,3 +215,19 @@ def test_adaptive_k_finds_a_cheap_wide_pass():
     policy = AdaptiveK()
     assert run(policy) >= 0.9 * best
     assert np.bincount(policy.history[-100:]).argmax() >= 15
+
+
+def test_calibrated_policy_starts_from_measured_costs():
+    """for_pair times the pair first: a serial target with a costly draft starts at K = 1 and
+    never explores; a parallel target with a free, perfect draft starts at a large K."""
+    slow = Pair.load("synthetic", "synthetic", target_options={"latency_ms": 2, "beta": 1.0},
+                     draft_options={"latency_ms": 1.5})
+    policy = AdaptiveK.for_pair(slow)
+    assert policy.prior is not None and policy.schedule == [] and policy.calibration_s > 0
+    assert policy.next_k() == 1
+    slow.generate("hello", params=SamplingParams(0.0), max_tokens=24, k=policy)
+    assert set(policy.history) == {1}
+    fast = Pair.load("synthetic", "synthetic", target_options={"latency_ms": 2, "beta": 0.0},
+                     draft_options={"noise": 0.0})
+    assert AdaptiveK.for_pair(fast).next_k() >= 4
+    assert AdaptiveK.for_pair(fast, calibrate=False).prior is None
