@@ -231,6 +231,7 @@ class AdaptiveK:
         self.prior: np.ndarray | None = None
         self.prior_draft = 0.0
         self.resid_sum = self.resid_n = 0.0
+        self.draft_fixed_sum = self.draft_fixed_n = 0.0  # a step's draft time beyond its passes
         self.calibration_s = 0.0
 
     @classmethod
@@ -244,11 +245,13 @@ class AdaptiveK:
         return policy
 
     def calibrate(self, pair: Any, context: int = 16) -> None:
-        """Measure T_t(n) at a few widths (interpolated between) and T_d(1); see for_pair."""
+        """Measure T_t(n) for n = 1..k_max + 1 and T_d(1); see for_pair."""
         from specmac.probes.latency import probe_tokens, time_single, timed
 
         t0, target = time.perf_counter(), pair.target
-        widths = sorted({w for w in (1, 2, 3, 4, 5, 6, 8, 10, 13, self.k_max + 1) if w <= self.k_max + 1})
+        # every width: llama.cpp switches kernels with the batch size, so T(n) has dips
+        # (T(16) < T(13) on a 1.5B Q4_K_M here) that interpolation would miss
+        widths = list(range(1, self.k_max + 2))
         try:
             ids = probe_tokens(target, context + widths[-1])
             target.reset()
@@ -265,7 +268,7 @@ class AdaptiveK:
         finally:
             target.reset()
             pair.drafter.trim(0)
-        curve = np.interp(np.arange(K_MAX + 2), widths, [times[w] for w in widths])
+        curve = np.interp(np.arange(K_MAX + 2), widths, [times[w] for w in widths])  # n = 0 and > k_max + 1
         self.prior = np.maximum(curve, 1e-12)
         self.schedule, self.explore_every = [], 0  # costs are known: no exploring steps
         self.calibration_s = time.perf_counter() - t0
@@ -280,7 +283,15 @@ class AdaptiveK:
         return self.acc / self.trials
 
     def t_draft1(self) -> float:
-        return self.draft_time / self.draft_tokens if self.draft_tokens else self.prior_draft
+        """Seconds per draft pass: the calibrated pass, else the run's average per pass."""
+        if self.prior is not None:
+            return self.prior_draft
+        return self.draft_time / self.draft_tokens if self.draft_tokens else 0.0
+
+    def t_draft_fixed(self) -> float:
+        """Calibrated only: the draft's cost per step beyond its passes (catching up on the
+        accepted tokens, sampling); paid once per step whatever K, so it favours larger K."""
+        return self.draft_fixed_sum / self.draft_fixed_n if self.draft_fixed_n else 0.0
 
     def _line(self) -> tuple[float, float]:
         """(T1, slope) of the least-squares line through the steps seen (seconds)."""
@@ -302,6 +313,8 @@ class AdaptiveK:
             t1, b = self._line()
             unseen = np.maximum(t1 + b * (np.arange(K_MAX + 2) - 1), 1e-12)
         seen = self.n_seen > 0
+        if self.prior is not None:  # the probe counts as one observation: one slow step cannot
+            return np.maximum((unseen + self.t_seen) / (1 + self.n_seen), 1e-12)  # condemn a width
         return np.where(seen, self.t_seen / np.maximum(self.n_seen, 1), np.maximum(unseen, 1e-12))
 
     def t_target(self, n: int) -> float:
@@ -320,7 +333,7 @@ class AdaptiveK:
         ks = np.arange(1, self.k_max + 1)
         a = min(self.alpha, 1.0)
         e = ks + 1.0 if a >= 1.0 else (1.0 - a ** (ks + 1)) / (1.0 - a)
-        s = e * curve[1] / ((ks + a**ks) * self.t_draft1() + curve[ks + 1])
+        s = e * curve[1] / ((ks + a**ks) * self.t_draft1() + self.t_draft_fixed() + curve[ks + 1])
         return int(ks[np.argmax(s)])
 
     # --- the policy ---------------------------------------------------------------------
@@ -337,6 +350,9 @@ class AdaptiveK:
         if self.steps > 1 and d > 0:  # the first step's draft time includes the prompt's prefill
             self.draft_time += event.t_draft
             self.draft_tokens += d + self._caught_up  # passes, the catch-up pass included
+            if self.prior is not None:
+                self.draft_fixed_sum += max(event.t_draft - d * self.prior_draft, 0.0)
+                self.draft_fixed_n += 1
         self._caught_up = 0 < d == a
         if self.steps > 1 and event.t_verify > 0:
             # the pass and the loop's work on its n rows (warp, verify, rewind) both grow with n;
