@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -162,9 +161,6 @@ def backend_class(name: str) -> type:
     if missing:
         raise BackendNotInstalled(install_hint(name, missing[0]))
     module, _, attr = reg[name].partition(":")
-    # Spinning OpenMP workers (llama.cpp, torch) stall each other for hundreds of ms when a draft
-    # and a target alternate in one process; passive waiting fixes it. Set before the runtime loads.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as e:  # a plugin's own dependency
