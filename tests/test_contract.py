@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from specmac.api import Pair
-from specmac.backends import load_backend, missing_requirements
+from specmac.backends import load_backend
 from specmac.drafters import Drafter, ModelDrafter
 from specmac.errors import VocabMismatch
 from specmac.sampling import SamplingParams
+from tests.conftest import skip_unless_installed
 
 ALL = ("synthetic", "mlx", "gguf", "torch")
 REAL = ("mlx", "gguf", "torch")
@@ -25,9 +26,7 @@ PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
 
 
 def needs(name):
-    missing = missing_requirements(name)
-    return pytest.param(name, marks=pytest.mark.skipif(
-        bool(missing), reason=f"{name} backend not installed (missing {', '.join(missing)})"))
+    return pytest.param(name, marks=skip_unless_installed(name))
 
 
 _cache: dict = {}
@@ -125,9 +124,7 @@ def test_greedy_speculative_equals_target_greedy(draft, target):
 
 
 def both(a, b):
-    missing = missing_requirements(a) + missing_requirements(b)
-    return pytest.param(a, b, marks=pytest.mark.skipif(
-        bool(missing), reason=f"needs {a} and {b} backends (missing {', '.join(missing)})"))
+    return pytest.param(a, b, marks=[skip_unless_installed(a), skip_unless_installed(b)])
 
 
 @pytest.mark.parametrize("a,b", [both("torch", "mlx"), both("torch", "gguf"), both("mlx", "gguf")])
