@@ -29,7 +29,7 @@ def probe_parallelism_cmd(backend_name, model, opt, role, n_max, context, repeat
     """Does BACKEND verify n tokens in one parallel pass? Batched vs serial score timing."""
     from specmac.backends import load_backend
     from specmac.probes import SerialBackend, probe_parallelism
-    from specmac.results import model_files, plot_parallelism, provenance, write_json
+    from specmac.results import model_files, plot_parallelism, provenance
 
     if repeats < 1:
         raise UserError(f"--repeats {repeats} is out of range: use an integer >= 1")
@@ -38,14 +38,21 @@ def probe_parallelism_cmd(backend_name, model, opt, role, n_max, context, repeat
         backend = SerialBackend(backend)
     record = probe_parallelism(backend, n_max=n_max, context=context, repeats=repeats)
     record["provenance"] = provenance(" ".join(sys.argv), model_files(backend, model, role))
+    _report(record, out, plot and (lambda: plot_parallelism([record], plot)), as_json, _print_probe)
+
+
+def _report(record: dict, out: str | None, draw, as_json: bool, show) -> None:
+    """Write the record (--out) and the plot (--plot), then print it as JSON or as text."""
+    from specmac.results import write_json
+
     if out:
         write_json(out, record)
-    if plot:
-        plot_parallelism([record], plot)
+    if draw:
+        draw()
     if as_json:
         emit_json(record)
-        return
-    _print_probe(record)
+    else:
+        show(record)
 
 
 def _print_probe(r: dict) -> None:
@@ -83,7 +90,7 @@ def advise(prompt, run_tokens, context, repeats, as_json, plot, out, **kw):
     from specmac.cli import sampling_params
     from specmac.costmodel import ADVISE_PROMPT
     from specmac.costmodel import advise as run_advise
-    from specmac.results import model_files, plot_speedup, provenance, write_json
+    from specmac.results import model_files, plot_speedup, provenance
 
     if kw["draft"] == "none":
         raise UserError("advise needs a draft: add --draft BACKEND (or --draft ngram)")
@@ -96,14 +103,9 @@ def advise(prompt, run_tokens, context, repeats, as_json, plot, out, **kw):
     if hasattr(pair.drafter, "backend"):
         models += model_files(pair.drafter.backend, kw["draft_model"], "draft")
     record["provenance"] = provenance(" ".join(sys.argv), models)
-    if out:
-        write_json(out, record)
-    if plot:
-        plot_speedup([{"label": f"{kw['draft']} -> {kw['target']}", "table": record["table"]}], plot)
-    if as_json:
-        emit_json(record)
-        return
-    _print_advise(record)
+    label = f"{kw['draft']} -> {kw['target']}"
+    _report(record, out, plot and (lambda: plot_speedup([{"label": label, "table": record["table"]}], plot)),
+            as_json, _print_advise)
 
 
 def _print_advise(r: dict) -> None:
