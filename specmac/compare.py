@@ -616,6 +616,15 @@ def figures(record: dict) -> dict:
             "measured_vs_predicted.png": fig_predicted(record)}
 
 
+def _style_k_panel(ax, record: dict, target: str) -> None:
+    """What every per-target panel against K shares: title, K axis, grid, legend."""
+    ax.set_title(f"target: {target}", fontsize=10)
+    ax.set_xlabel("K (draft tokens per step)")
+    ax.set_xticks(record["settings"]["k"])
+    ax.grid(alpha=0.3)
+    _legend_below(ax)
+
+
 def fig_speedup(record: dict):
     fig, panels = _panels(record)
     colors = _colors(record)
@@ -631,11 +640,7 @@ def fig_speedup(record: dict):
                         label=f"{draft} \u2192 {target}")
         base_tps = fmt(med(base["tokens_per_second"]) if base else None, ".0f")
         ax.axhline(1.0, color="k", ls="--", lw=1, label=f"{target} only = 1.0 ({base_tps} tok/s)")
-        ax.set_title(f"target: {target}", fontsize=10)
-        ax.set_xlabel("K (draft tokens per step)")
-        ax.set_xticks(record["settings"]["k"])
-        ax.grid(alpha=0.3)
-        _legend_below(ax)
+        _style_k_panel(ax, record, target)
     next(iter(panels.values())).set_ylabel("speedup over target-only (median, IQR bars)")
     fig.suptitle("Speedup vs K", fontsize=11)
     return fig
@@ -650,11 +655,7 @@ def fig_acceptance(record: dict):
             if pts:
                 ax.plot(*zip(*pts), marker="o", ms=4, color=colors[draft], label=f"{draft} \u2192 {target}")
         ax.set_ylim(0, 1.05)
-        ax.set_title(f"target: {target}", fontsize=10)
-        ax.set_xlabel("K (draft tokens per step)")
-        ax.set_xticks(record["settings"]["k"])
-        ax.grid(alpha=0.3)
-        _legend_below(ax)
+        _style_k_panel(ax, record, target)
     next(iter(panels.values())).set_ylabel("acceptance rate (accepted / drafted)")
     fig.suptitle("Acceptance vs K", fontsize=11)
     return fig
