@@ -127,6 +127,15 @@ def best_k(alpha: Alpha, t_draft1: float, t_target: Curve, k_max: int = K_MAX,
     return row["k"], row["predicted_speedup"]
 
 
+def posterior_moments(accepted: float, rejected: float, k_max: int) -> np.ndarray:
+    """[k_max + 1] E[alpha^j] for j = 0..k_max under alpha ~ Beta(accepted, rejected):
+    prod_{i<j} (accepted + i) / (accepted + rejected + i). Summed over j = 0..K it is the expected
+    tokens per target pass; it tends to the geometric closed form as the counts grow."""
+    a, b = max(float(accepted), 1e-9), max(float(rejected), 1e-9)
+    i = np.arange(k_max, dtype=float)
+    return np.concatenate([[1.0], np.cumprod((a + i) / (a + b + i))])
+
+
 def fit_beta(n: Sequence[int], t: Sequence[float]) -> tuple[float, float]:
     """Fit T(n) = T1 * (1 + beta * (n - 1)); returns (T1, beta).
 
@@ -193,8 +202,13 @@ class AdaptiveK:
     From each event: the draft's time per pass (T_d(1); a step makes K passes, one more after a
     fully accepted step), the time of a target step over n_drafted + 1 tokens, pass plus the
     loop's overhead (a least-squares line T_t(n) = a + b (n - 1) through every step seen), and
-    acceptance by the maximum-likelihood estimate of a geometric acceptance process,
-    accepted / (accepted + rejections), exponentially forgotten so a change of text is followed.
+    acceptance as a Beta(accepted, rejections) posterior over the geometric acceptance rate
+    (Jeffreys prior Beta(1/2, 1/2); counts exponentially forgotten so a change of text is
+    followed). E(K) is the posterior expectation sum_j E[alpha^j] (``posterior_moments``), not
+    E(K) at the point estimate: the run length it predicts has the heavier tail of a
+    beta-geometric, so after a long run of acceptances one rejection does not pull a wide K down
+    to a narrow one (on Qwen 0.5B -> 1.5B, where only K = 15 nears break-even, the point estimate
+    flipped between K = 2 and 15; see results/advise).
     The curve is a line only where no step of that width was seen: a width seen is predicted from
     its own mean (llama.cpp switches kernels with the batch size, so T(17) can be below T(9)).
     Built by ``for_pair`` (what ``--k auto`` uses) it starts calibrated: a short probe times the
@@ -207,7 +221,7 @@ class AdaptiveK:
     label = "auto"
 
     def __init__(self, k_max: int = K_MAX, k_init: int = 4, warmup: Sequence[int] = (2, 6, K_MAX),
-                 decay: float = 0.97, prior_alpha: float = 0.6, prior_weight: float = 2.0,
+                 decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 1.0,
                  explore_every: int = 16) -> None:
         self.k_max = int(min(max(k_max, 1), K_MAX))
         self.k_init = self._clamp(k_init)
@@ -261,17 +275,24 @@ class AdaptiveK:
                 target.rewind(context)
                 times[n] = timed(target, lambda n=n: target.score(ids[context:context + n]))
             backend = getattr(pair.drafter, "backend", None)
-            self.prior_draft = time_single(backend, context=context, repeats=3, warmup=1)["median_ms"] / 1e3 \
+            t_draft = time_single(backend, context=context, repeats=3, warmup=1)["median_ms"] / 1e3 \
                 if backend is not None else 0.0
         except (ValueError, SpecmacError):  # e.g. a context window too small to probe
             return
         finally:
             target.reset()
             pair.drafter.trim(0)
-        curve = np.interp(np.arange(K_MAX + 2), widths, [times[w] for w in widths])  # n = 0 and > k_max + 1
-        self.prior = np.maximum(curve, 1e-12)
-        self.schedule, self.explore_every = [], 0  # costs are known: no exploring steps
+        self.set_costs([times[w] for w in widths], t_draft)
         self.calibration_s = time.perf_counter() - t0
+
+    def set_costs(self, t_target: Sequence[float], t_draft1: float) -> None:
+        """Start from known costs (seconds): the target's pass T_t(n) for n = 1..len(t_target) and
+        the draft's one-token pass. No exploring steps follow; the run's steps refine them."""
+        n = np.arange(1, len(t_target) + 1)
+        curve = np.interp(np.arange(K_MAX + 2), n, np.asarray(t_target, float))  # n = 0, n > len: ends
+        self.prior = np.maximum(curve, 1e-12)
+        self.prior_draft = float(t_draft1)
+        self.schedule, self.explore_every = [], 0
         self._k = self._best()
 
     def _clamp(self, k: int) -> int:
@@ -324,17 +345,21 @@ class AdaptiveK:
         t1, b = self._line()
         return max(t1 + b * (n - 1), 1e-12)
 
-    def predicted(self, k: int) -> float:
-        return predicted_speedup(k, self.alpha, self.t_draft1(), self.t_target, catch_up=True)
-
-    def _best(self) -> int:
-        """argmax_K S(K), vectorised: the policy runs every step, so it must cost microseconds."""
+    def _speedups(self) -> np.ndarray:
+        """[k_max] predicted S(K) for K = 1..k_max, vectorised: the policy runs every step, so it
+        must cost microseconds. E(K) and the chance of a catch-up pass, E[alpha^K], are posterior
+        expectations."""
         curve = self._curve()
         ks = np.arange(1, self.k_max + 1)
-        a = min(self.alpha, 1.0)
-        e = ks + 1.0 if a >= 1.0 else (1.0 - a ** (ks + 1)) / (1.0 - a)
-        s = e * curve[1] / ((ks + a**ks) * self.t_draft1() + self.t_draft_fixed() + curve[ks + 1])
-        return int(ks[np.argmax(s)])
+        m = posterior_moments(self.acc, self.trials - self.acc, self.k_max)
+        e = np.cumsum(m)[ks]
+        return e * curve[1] / ((ks + m[ks]) * self.t_draft1() + self.t_draft_fixed() + curve[ks + 1])
+
+    def predicted(self, k: int) -> float:
+        return float(self._speedups()[k - 1])
+
+    def _best(self) -> int:
+        return int(np.argmax(self._speedups())) + 1
 
     # --- the policy ---------------------------------------------------------------------
     def next_k(self) -> int:

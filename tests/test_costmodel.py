@@ -105,6 +105,20 @@ def test_acceptance_from_stats_is_geometric_mle():
     assert profile == pytest.approx([2 / 3, 2 / 2, 1 / 2, 1 / 1])  # accepted / reached per position
 
 
+def test_posterior_moments_are_exact():
+    from specmac.costmodel import posterior_moments
+
+    # Beta(1, 1): E[alpha^j] = 1 / (j + 1), so E(K) is the harmonic number H_{K+1}
+    m = posterior_moments(1.0, 1.0, 8)
+    assert m == pytest.approx([1 / (j + 1) for j in range(9)], rel=1e-12)
+    assert m.sum() == pytest.approx(sum(1 / j for j in range(1, 10)), rel=1e-12)
+    # many observations: the posterior concentrates and E(K) tends to the geometric closed form
+    big = posterior_moments(0.8e6, 0.2e6, 16)
+    assert big.sum() == pytest.approx(expected_tokens(0.8, 16), rel=1e-4)
+    # uncertainty makes long runs likelier than the point estimate says (Jensen: alpha^j is convex)
+    assert (posterior_moments(8.0, 2.0, 16)[2:] > 0.8 ** np.arange(2, 17)).all()
+
+
 # --- adaptive K ---------------------------------------------------------------------------
 
 def simulate(policy, *, alpha, t_d, t1, beta, steps, seed=0):
