@@ -8,7 +8,7 @@ the measured costs (the target's batched pass T_t(n), n = 1..17, and the draft's
 two-token passes) any K policy can be replayed in milliseconds: tests/test_adaptive_replay.py
 does, for AdaptiveK against every fixed K.
 
-    python bench/acceptance_trace.py [--models-dir DIR] [--tokens 256] [--out tests/data/qwen_greedy_acceptance.json]
+    python bench/acceptance_trace.py [--models-dir DIR] [--tokens 256] [--out FILE]
 """
 
 from __future__ import annotations
