@@ -1,8 +1,8 @@
 """advise's predicted speedup S(K) next to the measured one, and --k auto vs the best fixed K.
 
-For each pairing: `advise` (measured T_draft(1), the target's T(n) curve, acceptance from a run
-on the same prompt and length) predicts S(K) for K = 1..16; then target-only decoding and
-speculative decoding at several fixed K and at K = auto are timed on that prompt (greedy, so every
+For each pairing: `advise` (measured T_draft(1), the target's T(n) curve, acceptance from runs
+on the same prompts and lengths) predicts S(K) for K = 1..16; then target-only decoding and
+speculative decoding at several fixed K and at K = auto are timed on those prompts (greedy, so every
 method emits the same tokens), `repeats` times each. Measured speedup = median tokens/s of the
 method / median tokens/s of target-only (time inside the loop: draft + verify + sampling, not the
 prompt's prefill).
@@ -23,15 +23,15 @@ from pathlib import Path
 from specmac import assets
 from specmac.api import Pair
 from specmac.backends import missing_requirements
-from specmac.costmodel import AdaptiveK, advise
+from specmac.costmodel import AdaptiveK, advise, advise_prompts
 from specmac.drafters import Drafter
 from specmac.results import model_files, plot_speedup, provenance, write_json
 from specmac.sampling import SamplingParams
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "advise"
-# one prompt, the one advise measures acceptance on, for as many tokens as the timed runs: the
-# comparison tests the cost model, not how well 64 tokens of one text predict another text
-PROMPTS = ["import numpy as np\n\n\ndef normalize(x):\n    \"\"\"Scale x to unit length.\"\"\"\n"]
+# advise's default prompts (code and prose), which advise also measures acceptance on, for as many
+# tokens as the timed runs: the comparison tests the cost model, not how well one text predicts another
+PROMPTS = advise_prompts()
 GREEDY = SamplingParams(0.0)  # every method emits the same tokens, so the timings compare like with like
 QWEN_DRAFT, QWEN_TARGET = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 
@@ -41,9 +41,9 @@ def pairings(models: Path) -> list[dict]:
     # often that timings were noise (see results/probes/README.md)
     q8 = {"quant": "q8_0", "n_threads": 1}
     t1 = {"n_threads": 1}
-    emb = {"max_tokens": 256, "repeats": 5}
-    qwen = {"target_model": str(models / QWEN_TARGET), "target_options": t1, "max_tokens": 64,
-            "repeats": 3, "ks": (1, 2, 4, 6)}
+    emb = {"max_tokens": 128, "repeats": 5}
+    qwen = {"target_model": str(models / QWEN_TARGET), "target_options": t1, "max_tokens": 96,
+            "repeats": 3, "ks": (1, 2, 4, 6, 15)}  # 15: llama.cpp's cheap 16-token pass (results/probes)
     return [
         {"name": "embedded-gguf-to-gguf", "target": "gguf", "draft": "gguf", "target_options": q8,
          "draft_options": q8, "needs": [assets.gguf_file("target", "q8_0")], **emb},
@@ -106,7 +106,7 @@ def measure(p: dict, repeats: int) -> dict:
     pair = Pair.load(p["target"], p["draft"], target_model=p.get("target_model"),
                      draft_model=p.get("draft_model"), target_options=p.get("target_options"),
                      draft_options=p.get("draft_options"))
-    rec = advise(pair, params=GREEDY, prompt=PROMPTS[0], run_tokens=p["max_tokens"])
+    rec = advise(pair, params=GREEDY, prompts=PROMPTS, run_tokens=p["max_tokens"])
     methods = [None, *sorted(set(p.get("ks", (1, 2, 4, 8))) | {rec["best_k"]}), "auto"]
     runs: dict = {k: [] for k in methods}
     for r in range(repeats):  # methods interleaved, so a change of machine load hits them all alike

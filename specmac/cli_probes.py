@@ -76,19 +76,20 @@ def _print_probe(r: dict) -> None:
 @main.command()
 @pair_options
 @sampling_options
-@click.option("--prompt", default=None, help="Text of the short acceptance run (default: code).")
-@click.option("--run-tokens", type=int, default=64, show_default=True,
-              help="Tokens generated to measure acceptance.")
+@click.option("--prompt", "prompts", multiple=True,
+              help="A text to measure acceptance on; repeat for several (default: four of the "
+                   "packaged prompts, code and prose).")
+@click.option("--run-tokens", type=int, default=48, show_default=True,
+              help="Tokens generated per prompt to measure acceptance.")
 @click.option("--context", type=int, default=128, show_default=True,
               help="Tokens prefilled before each timing.")
 @click.option("--repeats", type=int, default=3, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of the predicted S(K).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON record (with provenance).")
-def advise(prompt, run_tokens, context, repeats, as_json, plot, out, **kw):
+def advise(prompts, run_tokens, context, repeats, as_json, plot, out, **kw):
     """Predict the speedup of speculation for K = 1..16 from measured costs and acceptance."""
     from specmac.cli import sampling_params
-    from specmac.costmodel import ADVISE_PROMPT
     from specmac.costmodel import advise as run_advise
     from specmac.results import model_files, plot_speedup, provenance
 
@@ -97,7 +98,7 @@ def advise(prompt, run_tokens, context, repeats, as_json, plot, out, **kw):
     if run_tokens < 2 or repeats < 1:
         raise UserError("--run-tokens must be >= 2 and --repeats >= 1")
     pair = load_pair(kw)
-    record = run_advise(pair, params=sampling_params(kw), prompt=prompt or ADVISE_PROMPT,
+    record = run_advise(pair, params=sampling_params(kw), prompts=list(prompts) or None,
                         run_tokens=run_tokens, context=context, repeats=repeats, seed=kw["seed"])
     models = model_files(pair.target, kw["target_model"], "target")
     if hasattr(pair.drafter, "backend"):
@@ -111,7 +112,8 @@ def advise(prompt, run_tokens, context, repeats, as_json, plot, out, **kw):
 def _print_advise(r: dict) -> None:
     click.echo(f"draft T(1) {r['t_draft_ms']:.2f} ms, target T(1) {r['t_target_ms']:.2f} ms, "
                f"c = {r['c']:.2f}; target \u03b2 = {r['beta']:.2f} ({r['verdict']}); "
-               f"acceptance \u03b1 = {r['alpha']:.2f}")
+               f"acceptance \u03b1 = {r['alpha']:.2f} over {r['acceptance_run']['n_tokens']} tokens "
+               f"of {r['acceptance_run']['prompts']} prompts")
     click.echo(f"{'K':>3} {'tokens/pass':>12} {'speedup':>8}")
     for row in r["table"]:
         mark = "  <- best" if row["k"] == r["best_k"] else ""

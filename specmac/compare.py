@@ -374,16 +374,21 @@ def _per_position(rs: list[dict]) -> list[float | None]:
 
 # --- the cost model's prediction ----------------------------------------------------------------
 
+ADVISE_PROMPTS = 4  # advise measures acceptance on the first prompts of the run's own set
+
+
 def predict(settings: Settings, loaded: Loaded) -> dict[str, dict]:
     """advise() for every pairing, made before the measurement: pairing id -> its answer (or
-    {"error": ...} when the cost model cannot say, e.g. a probe that fails on this backend)."""
+    {"error": ...} when the cost model cannot say, e.g. a probe that fails on this backend).
+    Acceptance comes from the first ADVISE_PROMPTS prompts of the run's set."""
     from specmac.costmodel import advise
 
     out = {}
     for p in settings.pairs:
         pair = loaded.pair(Config(p.draft, p.target, 1))
         try:
-            out[p.id] = advise(pair, params=settings.params, k_max=max(settings.ks), seed=settings.seed)
+            out[p.id] = advise(pair, params=settings.params, k_max=max(settings.ks), seed=settings.seed,
+                               prompts=[q["text"] for q in settings.prompts[:ADVISE_PROMPTS]])
         except (SpecmacError, ValueError) as e:
             out[p.id] = {"error": str(e)}
     return out
@@ -574,7 +579,8 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
            "- Acceptance and tokens per target pass are pooled over all runs; per-position acceptance is "
            "conditional (of the steps that reached draft position i, the fraction accepted). Greedy "
            "match: share of runs whose output equals the target-only output (temperature 0 only).",
-           "- Predicted: `specmac.costmodel.advise` for each pairing, run before the measurement."]
+           "- Predicted: `specmac.costmodel.advise` for each pairing, run before the measurement "
+           f"(acceptance from the first {ADVISE_PROMPTS} prompts)."]
     out += [f"- No prediction for {p}: {e}" for p, e in errors.items()]
     out.append("- Backends: " + "; ".join(
         f"{role} {i.get('backend', i.get('drafter'))} ({i.get('model') or i.get('drafter')}, "

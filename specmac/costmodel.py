@@ -411,7 +411,12 @@ class AdaptiveK:
 
 # --- advise: measure, then predict --------------------------------------------------------
 
-ADVISE_PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
+def advise_prompts() -> list[str]:
+    """The prompts advise measures acceptance on by default: the first four of the packaged set
+    compare uses (code and prose alternating), so one easy text does not set alpha."""
+    from specmac.compare import default_prompts
+
+    return [p["text"] for p in default_prompts()[:4]]
 
 
 def acceptance_from_stats(stats: Any, shrink: float = 4.0) -> tuple[float, list[float]]:
@@ -440,11 +445,11 @@ def warp_cost_ms(n_logits: int, n_vocab: int, params: Any, n: int, repeats: int 
     return 1e3 * float(np.median(times))
 
 
-def _loop_costs(pair: Any, prompt: Any, params: Any, run_tokens: int, k: int, seed: int):
-    """A short run at K = k (k = 0: target only). -> RunStats and the loop's own costs in ms: per
-    draft pass (a step makes n_drafted passes, one more after a fully accepted step: the catch-up),
-    per step outside the passes, and per emitted token overall (the first step is left out: its
-    draft time includes the prompt's prefill)."""
+def _loop_costs(pair: Any, prompts: Sequence[Any], params: Any, run_tokens: int, k: int, seed: int):
+    """Short runs of ``run_tokens`` per prompt at K = k (k = 0: target only). -> RunStats over all
+    of them and the loop's own costs in ms: per draft pass (a step makes n_drafted passes, one more
+    after a fully accepted step: the catch-up), per step outside the passes, and per emitted token
+    overall (each run's first step is left out: its draft time includes the prompt's prefill)."""
     from specmac.api import Pair
     from specmac.drafters import Drafter
     from specmac.metrics import RunStats
@@ -453,27 +458,32 @@ def _loop_costs(pair: Any, prompt: Any, params: Any, run_tokens: int, k: int, se
     stats = RunStats(k=k)
     draft_s = other_s = total_s = 0.0
     drafted = steps = tokens = 0
-    caught_up = False  # did the previous step accept all its drafts?
-    for i, event in enumerate(runner.stream(prompt, params=params, max_tokens=run_tokens, k=max(k, 1),
-                                            seed=seed)):
-        stats.add(event)
-        if i and event.tokens:
-            draft_s, drafted = draft_s + event.t_draft, drafted + event.n_drafted + caught_up
-            other_s, steps = other_s + event.t_other, steps + 1
-            total_s += event.t_draft + event.t_verify + event.t_other
-            tokens += len(event.tokens)
-        caught_up = 0 < event.n_drafted == event.n_accepted
+    for prompt in prompts:
+        caught_up = False  # did the previous step accept all its drafts?
+        for i, event in enumerate(runner.stream(prompt, params=params, max_tokens=run_tokens,
+                                                k=max(k, 1), seed=seed)):
+            stats.add(event)
+            if i and event.tokens:
+                draft_s, drafted = draft_s + event.t_draft, drafted + event.n_drafted + caught_up
+                other_s, steps = other_s + event.t_other, steps + 1
+                total_s += event.t_draft + event.t_verify + event.t_other
+                tokens += len(event.tokens)
+            caught_up = 0 < event.n_drafted == event.n_accepted
     loop = {"draft_ms_per_pass": 1e3 * draft_s / drafted if drafted else None,
             "other_ms_per_step": 1e3 * other_s / steps if steps else None,
             "ms_per_token": 1e3 * total_s / tokens if tokens else None}
     return stats, loop
 
 
-def advise(pair: Any, *, params: Any, prompt: str | Sequence[int] = ADVISE_PROMPT,
-           run_tokens: int = 64, run_k: int = 8, k_max: int = K_MAX, context: int = 128,
+def advise(pair: Any, *, params: Any, prompts: str | Sequence[str | Sequence[int]] | None = None,
+           run_tokens: int = 48, run_k: int = 8, k_max: int = K_MAX, context: int = 128,
            repeats: int = 3, seed: int = 0) -> dict:
-    """Measure T_draft(1), the target's T(n) curve and acceptance (a short speculative run of
-    ``run_tokens`` at K = ``run_k``), then predict S(K) for K = 1..k_max.
+    """Measure T_draft(1), the target's T(n) curve and acceptance (short speculative runs of
+    ``run_tokens`` per prompt at K = ``run_k``), then predict S(K) for K = 1..k_max.
+
+    ``prompts`` is one prompt (text or token ids) or several; None gives ``advise_prompts()``.
+    Acceptance differs a lot between texts (code that repeats its prompt vs free prose), so it is
+    pooled over several.
 
     Costs are what the loop pays: the draft's cost per pass (its pass plus sampling, as measured in
     the run; at least the bare pass T_draft(1)), K passes a step plus a catch-up pass after a fully
@@ -493,9 +503,15 @@ def advise(pair: Any, *, params: Any, prompt: str | Sequence[int] = ADVISE_PROMP
 
     if not pair.speculative:
         raise BadOption("advise needs a draft: add --draft BACKEND (or --draft ngram)")
-    stats, loop = _loop_costs(pair, prompt, params, run_tokens, run_k, seed)
+    if prompts is None:
+        prompts = advise_prompts()
+    elif isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], (int, np.integer))):
+        prompts = [prompts]  # one prompt: text or token ids
+    if not prompts:
+        raise BadOption("advise needs at least one prompt to measure acceptance on")
+    stats, loop = _loop_costs(pair, prompts, params, run_tokens, run_k, seed)
     alpha, profile = acceptance_from_stats(stats)
-    _, base = _loop_costs(pair, prompt, params, run_tokens, 0, seed)
+    _, base = _loop_costs(pair, prompts, params, run_tokens, 0, seed)
     target = pair.target
     n_max = k_max + 1
     probe = probe_parallelism(target, n_max=n_max, context=min(context, target.n_ctx - n_max),
@@ -523,8 +539,8 @@ def advise(pair: Any, *, params: Any, prompt: str | Sequence[int] = ADVISE_PROMP
         "target_curve_ms": t_curve, "loop_overhead_ms": [s - t for s, t in zip(step, t_curve)],
         "table": table,
         "reasons": why_not(profile, t_draft, step, probe["beta"], k_max, catch_up=True),
-        "acceptance_run": {"k": run_k, "n_tokens": stats.n_tokens, "n_drafted": stats.n_drafted,
-                           "n_accepted": stats.n_accepted,
+        "acceptance_run": {"k": run_k, "prompts": len(prompts), "n_tokens": stats.n_tokens,
+                           "n_drafted": stats.n_drafted, "n_accepted": stats.n_accepted,
                            "per_position_acceptance": stats.per_position_acceptance, **loop},
         "target_only_run": base,
         "probe": probe,

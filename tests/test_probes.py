@@ -159,6 +159,19 @@ def test_advise_cli_json(name):
     best = max(r["table"], key=lambda row: row["predicted_speedup"])
     assert best["k"] == r["best_k"]
     assert (r["predicted_speedup"] > 1.0) == (not r["reasons"])
+    assert r["acceptance_run"]["prompts"] == 4  # the default set: code and prose
+
+
+def test_advise_pools_acceptance_over_its_prompts():
+    """--prompt repeated: acceptance is counted over every prompt's run, not the first one's."""
+    args = ["advise", "--draft", "synthetic", "--target", "synthetic", "--json", "--run-tokens", "20",
+            "--context", "8", "--repeats", "1", "--temperature", "1"]
+    one = [invoke([*args, "--prompt", text]) for text in ("def f(x):", "Once upon a time")]
+    both = invoke([*args, "--prompt", "def f(x):", "--prompt", "Once upon a time"])
+    runs = [r["acceptance_run"] for r in one]
+    assert both["acceptance_run"]["prompts"] == 2
+    for key in ("n_tokens", "n_drafted", "n_accepted"):
+        assert both["acceptance_run"][key] == sum(r[key] for r in runs)
 
 
 def test_advise_without_a_draft_is_a_user_error():
