@@ -8,6 +8,7 @@ accepted step that includes the last draft token, which it proposed but never sc
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +27,10 @@ class Drafter:
         return 0
 
     def propose(self, seq: Sequence[int], k: int, params: SamplingParams,
-                rng: np.random.Generator, n_vocab: int) -> tuple[list[int], np.ndarray]:
-        """-> drafts [<= k], q [len(drafts), n_vocab] (float64, warped like the target)."""
+                rng: np.random.Generator, n_vocab: int) -> tuple[list[int], Any]:
+        """-> drafts [<= k] and q: a row [n_vocab] per draft, the distribution it was drawn from
+        (float64, warped like the target), indexable as q[i]; None when ``params.greedy`` (the
+        greedy rule reads no q)."""
         return [], np.zeros((0, n_vocab))
 
     def trim(self, n: int) -> None:
@@ -55,14 +58,17 @@ class ModelDrafter(Drafter):
         qs, drafts = [], []
         logits = self.backend.prefill(seq[m:])  # [n_logits]
         for i in range(k):
-            q = warp(align_logits(logits[None], n_vocab), params)[0]
-            d = int(np.argmax(q)) if params.greedy else sample(q, rng)
-            qs.append(q)
+            row = align_logits(logits, n_vocab)
+            if params.greedy:  # the greedy rule needs no q: the argmax of the logits is the draft
+                d = int(np.argmax(row))
+            else:
+                qs.append(warp(row, params))
+                d = sample(qs[-1], rng)
             drafts.append(d)
             if i < k - 1:
                 logits = self.backend.score([d])[0]
         self.seen = list(seq) + drafts[:-1]
-        return drafts, np.array(qs).reshape(len(qs), n_vocab)
+        return drafts, (None if params.greedy else qs)
 
     def trim(self, n: int) -> None:
         n = min(n, len(self.seen), self.backend.n_past)
@@ -89,12 +95,25 @@ class NgramDrafter(Drafter):
 
     def propose(self, seq, k, params, rng, n_vocab):
         drafts = lookup(seq, k, self.max_ngram, self.min_ngram)
-        q = np.zeros((len(drafts), n_vocab))
-        q[np.arange(len(drafts)), drafts] = 1.0
-        return drafts, q
+        return drafts, (None if params.greedy else OneHotRows(drafts, n_vocab))
 
     def info(self) -> dict:
         return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+
+
+class OneHotRows:
+    """q for drafts proposed with certainty: row i is the one-hot of drafts[i], built when read."""
+
+    def __init__(self, drafts: Sequence[int], n_vocab: int) -> None:
+        self.drafts, self.n_vocab = list(drafts), n_vocab
+
+    def __len__(self) -> int:
+        return len(self.drafts)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        row = np.zeros(self.n_vocab)
+        row[self.drafts[i]] = 1.0
+        return row
 
 
 def lookup(seq: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:

@@ -74,6 +74,29 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return p / p.sum(axis=-1, keepdims=True)
 
 
+class WarpedRows:
+    """``warp(logits, params)`` a row at a time, on first use: ``rows[i]`` is row i.
+
+    The rejection rule reads rows only up to the first rejection, so a wide verification pass
+    (K + 1 rows of a 150k vocabulary) does not pay for warping, in float64, rows it never reads.
+    Row i equals ``warp(logits, params)[i]`` exactly: every step of warp works along the row.
+    """
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
+        self.logits, self.params = logits, params
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        i = range(len(self.logits))[i]  # bounds and negative indices as a list has them
+        row = self._rows.get(i)
+        if row is None:
+            row = self._rows[i] = warp(self.logits[i], self.params)
+        return row
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One draw from a probability vector [V] (inverse CDF; exact zeros are never drawn)."""
     c = np.cumsum(probs)

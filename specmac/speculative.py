@@ -16,7 +16,7 @@ import numpy as np
 from specmac.backends import BaseBackend
 from specmac.drafters import Drafter
 from specmac.errors import ContextOverflow
-from specmac.sampling import SamplingParams, warp
+from specmac.sampling import SamplingParams, WarpedRows
 from specmac.verify import VerifyRule, verify_greedy, verify_sampled
 from specmac.vocab import align_logits
 
@@ -90,7 +90,9 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
             t_draft = clock.lap()
             logits = target.score([seq[-1], *drafts])  # [len(drafts) + 1, n_logits]
             t_verify = clock.lap()
-            a, nxt = rule(drafts, q, warp(align_logits(logits, V), params), rng)
+            rows = align_logits(logits, V)
+            # the greedy rule reads only the argmax, which warping keeps: no probabilities needed
+            a, nxt = rule(drafts, q, rows if rule is verify_greedy else WarpedRows(rows, params), rng)
             new = drafts[:a] + [nxt]
             kinds = ["accepted"] * a + ["corrected" if a < len(drafts) else "bonus" if drafts else "target"]
             stop = next((i for i, t in enumerate(new) if t in eos), None)

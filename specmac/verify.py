@@ -11,13 +11,16 @@ Every emitted token is then distributed exactly as the target's own sampling wou
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from specmac.sampling import sample
 
-# (drafts [K], q [K, V], p [K+1, V], rng) -> (n_accepted, next_token)
-VerifyRule = Callable[[Sequence[int], np.ndarray, np.ndarray, np.random.Generator], tuple[int, int]]
+# (drafts [K], q, p, rng) -> (n_accepted, next_token). q and p are sequences of rows: q[i] is the
+# draft's distribution [V] of drafts[i], p[i] the target's at the same position (K + 1 rows; the
+# loop warps them lazily, see sampling.WarpedRows), so a rule reads q[i][d] and p[i][d]
+VerifyRule = Callable[[Sequence[int], Any, Any, np.random.Generator], tuple[int, int]]
 
 RESIDUAL_EPS = 1e-12
 
@@ -36,17 +39,19 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def verify_sampled(drafts, q, p, rng) -> tuple[int, int]:
-    """The rejection rule. q: [K, V] draft probs, p: [K+1, V] target probs (both warped)."""
+    """The rejection rule. q: K rows of draft probs, p: K + 1 rows of target probs (both warped)."""
     for i, d in enumerate(drafts):
-        if rng.random() >= acceptance_probability(p[i, d], q[i, d]):
-            return i, sample(residual(p[i], q[i]), rng)
+        p_i, q_i = p[i], q[i]
+        if rng.random() >= acceptance_probability(p_i[d], q_i[d]):
+            return i, sample(residual(p_i, q_i), rng)
     return len(drafts), sample(p[len(drafts)], rng)
 
 
 def verify_greedy(drafts, q, p, rng=None) -> tuple[int, int]:
-    """Greedy rule (temperature 0): accept while d_i is the target's argmax."""
-    target = np.argmax(p, axis=-1)  # [K+1]
+    """Greedy rule (temperature 0): accept while d_i is the target's argmax. p: K + 1 rows of
+    target probabilities or logits (warping keeps the argmax, lowest id on ties); q is unused."""
     for i, d in enumerate(drafts):
-        if d != target[i]:
-            return i, int(target[i])
-    return len(drafts), int(target[len(drafts)])
+        t = int(np.argmax(p[i]))
+        if d != t:
+            return i, t
+    return len(drafts), int(np.argmax(p[len(drafts)]))

@@ -96,7 +96,7 @@ def test_p_values_are_calibrated():
 def lossy_rule(drafts, q, p, rng):
     """Negative control: accept whenever q(d) <= p(d), else sample p afresh (no residual)."""
     for i, d in enumerate(drafts):
-        if q[i, d] > p[i, d]:
+        if q[i][d] > p[i][d]:
             return i, sample(p[i], rng)
     return len(drafts), sample(p[len(drafts)], rng)
 

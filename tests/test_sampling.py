@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from specmac.errors import BadOption
-from specmac.sampling import SamplingParams, sample, warp
+from specmac.sampling import SamplingParams, WarpedRows, sample, warp
 
 
 def softmax(x):
@@ -96,3 +96,17 @@ def test_sample_frequencies_and_zeros():
     draws = np.bincount([sample(p, rng) for _ in range(20000)], minlength=6)
     assert draws[[0, 2, 5]].sum() == 0
     np.testing.assert_allclose(draws / draws.sum(), p, atol=0.015)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.0), SamplingParams(0.7, top_k=5),
+                                    SamplingParams(1.3, top_p=0.8, min_p=0.05)])
+def test_warped_rows_equal_warp_and_warp_only_rows_read(params):
+    logits = np.random.default_rng(4).standard_normal((6, 50)).astype(np.float32)
+    logits[2, 7] = -np.inf
+    rows, full = WarpedRows(logits, params), warp(logits, params)
+    assert len(rows) == 6
+    assert np.array_equal(rows[3], full[3]) and np.array_equal(rows[-1], full[5])
+    assert sorted(rows._rows) == [3, 5]  # rows never read were never warped
+    assert all(np.array_equal(rows[i], full[i]) for i in range(6))
+    with pytest.raises(IndexError):
+        rows[6]

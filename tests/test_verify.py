@@ -6,7 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from specmac.sampling import SamplingParams, warp
 from specmac.verify import acceptance_probability, residual, verify_greedy, verify_sampled
+
+GREEDY = SamplingParams(0.0)
 
 
 def step_distribution(p, q):
@@ -115,3 +118,12 @@ def test_greedy_rule():
     assert verify_greedy([2, 0], None, p) == (1, 1)
     assert verify_greedy([0, 1], None, p) == (0, 2)
     assert verify_greedy([], None, p[:1]) == (0, 2)
+
+
+def test_greedy_rule_on_logits_equals_on_probabilities():
+    """The loop hands the greedy rule raw logits: warping keeps the argmax, lowest id on ties."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        logits = rng.integers(-3, 3, size=(4, 6)).astype(np.float32)  # many ties
+        drafts = list(rng.integers(0, 6, size=3))
+        assert verify_greedy(drafts, None, logits) == verify_greedy(drafts, None, warp(logits, GREEDY))
