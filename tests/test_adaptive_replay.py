@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specmac.costmodel import AdaptiveK
+from specmac.costmodel import AdaptiveK, replay_greedy
 from specmac.speculative import Event
 
 DATA = json.loads((Path(__file__).parent / "data" / "qwen_greedy_acceptance.json").read_text())
@@ -24,23 +24,7 @@ T_D1, T_D2 = DATA["draft_pass_ms"] / 1e3, DATA["draft_two_token_pass_ms"] / 1e3
 
 
 def replay(match: str, policy, n_tokens: int) -> float:
-    """tokens/s of speculative greedy decoding of n_tokens with ``policy`` (an int is a fixed K)."""
-    pos = out = 0
-    seconds, caught_up = 0.0, False
-    while out < n_tokens:
-        k = max(0, min(policy if isinstance(policy, int) else policy.next_k(), n_tokens - out - 1))
-        a = 0
-        while a < k and match[pos + a] == "1":
-            a += 1
-        # k draft passes, the first over two tokens after a fully accepted step (the catch-up)
-        t_draft = k and (T_D2 if caught_up else T_D1) + (k - 1) * T_D1
-        t_verify, t_other = T_PASS[min(k, len(T_PASS) - 1)], 2e-4 + 1e-4 * k
-        new = min(a + 1, n_tokens - out)
-        if not isinstance(policy, int):
-            policy.update(Event([0] * new, ["accepted"] * new, k, k, a, t_draft, t_verify, t_other))
-        seconds += t_draft + t_verify + t_other
-        pos, out, caught_up = pos + new, out + new, 0 < k == a
-    return n_tokens / seconds
+    return replay_greedy(match, policy, n_tokens, T_PASS, T_D1, T_D2, t_other=2e-4)
 
 
 def auto() -> AdaptiveK:

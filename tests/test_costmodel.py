@@ -245,3 +245,17 @@ def test_calibrated_policy_starts_from_measured_costs():
                      draft_options={"noise": 0.0})
     assert AdaptiveK.for_pair(fast).next_k() >= 4
     assert AdaptiveK.for_pair(fast, calibrate=False).prior is None
+
+
+def test_replay_greedy_by_hand():
+    from specmac.costmodel import replay_greedy
+
+    t = [1.0, 2.0, 3.0]  # T(1), T(2), T(3)
+    # K = 2 on "110111": keep 2 + bonus (0.1 + 0.1 draft, T(3)), then after that full acceptance
+    # the catch-up pass (0.3) + 0.1, keep 2 + bonus: 6 tokens in 6.6 s
+    assert replay_greedy("110111", 2, 6, t, 0.1, 0.3) == pytest.approx(6 / 6.6)
+    assert replay_greedy("110111", 0, 6, t, 0.1, 0.3) == pytest.approx(1.0)  # target only
+    # a rejection at the first draft: one token a step, no catch-up pass
+    assert replay_greedy("000", 1, 3, t, 0.1, 0.3) == pytest.approx(3 / (2 * (0.1 + 2.0) + 1.0))
+    with pytest.raises(ValueError, match="the trace has 3 tokens"):
+        replay_greedy("000", 1, 4, t, 0.1, 0.3)
