@@ -216,14 +216,20 @@ class AdaptiveK:
     (the steps then add the loop's own overhead to that curve). Uncalibrated, a short warm-up
     visits K = 2, 6 and 16 so the line has a slope and the widest pass is known, and every
     ``explore_every`` steps a neighbour of the current best is tried.
+    When no K is predicted to beat target-only decoding, even at an optimistic acceptance, it
+    drafts nothing (K = 0, plain decoding) until the fading counts make drafting worth a try
+    again; ``k_min=1`` always drafts.
     """
 
     label = "auto"
 
     def __init__(self, k_max: int = K_MAX, k_init: int = 4, warmup: Sequence[int] = (2, 6, K_MAX),
                  decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 1.0,
-                 explore_every: int = 16) -> None:
+                 explore_every: int = 16, k_min: int = 0, off_z: float = 1.64) -> None:
         self.k_max = int(min(max(k_max, 1), K_MAX))
+        if k_min not in (0, 1):
+            raise ValueError(f"k_min {k_min!r} is out of range: use 0 (may stop drafting) or 1")
+        self.k_min, self.off_z = int(k_min), off_z
         self.k_init = self._clamp(k_init)
         self.schedule = [self._clamp(k) for k in warmup]
         self.decay, self.explore_every = decay, explore_every
@@ -238,6 +244,7 @@ class AdaptiveK:
         self.t_seen = np.zeros(K_MAX + 2)
         self.steps = 0
         self._caught_up = False
+        self._drafted = False  # did the last step draft? (if not, the next one catches the draft up)
         self.history: list[int] = []
         self._k = self.k_init
         # calibration (for_pair): measured T_t(n) per width [K_MAX + 2] and T_d(1), seconds;
@@ -345,21 +352,40 @@ class AdaptiveK:
         t1, b = self._line()
         return max(t1 + b * (n - 1), 1e-12)
 
-    def _speedups(self) -> np.ndarray:
+    def alpha_high(self) -> float:
+        """An optimistic acceptance: the posterior mean plus off_z standard deviations (capped at 1).
+        It widens while the policy drafts nothing, since the counts are forgotten and none added."""
+        a, b = self.acc, max(self.trials - self.acc, 0.0)
+        n = a + b
+        return min(a / n + self.off_z * np.sqrt(a * b / (n * n * (n + 1.0))), 1.0)
+
+    def _speedups(self, optimistic: bool = False) -> np.ndarray:
         """[k_max] predicted S(K) for K = 1..k_max, vectorised: the policy runs every step, so it
         must cost microseconds. E(K) and the chance of a catch-up pass, E[alpha^K], are posterior
-        expectations."""
+        expectations (``optimistic``: powers of ``alpha_high``)."""
         curve = self._curve()
         ks = np.arange(1, self.k_max + 1)
-        m = posterior_moments(self.acc, self.trials - self.acc, self.k_max)
+        if optimistic:
+            m = self.alpha_high() ** np.arange(self.k_max + 1.0)
+        else:
+            m = posterior_moments(self.acc, self.trials - self.acc, self.k_max)
         e = np.cumsum(m)[ks]
         return e * curve[1] / ((ks + m[ks]) * self.t_draft1() + self.t_draft_fixed() + curve[ks + 1])
 
     def predicted(self, k: int) -> float:
-        return float(self._speedups()[k - 1])
+        """Predicted S(K); K = 0 (no drafting) is target-only decoding, 1 by definition."""
+        return float(self._speedups()[k - 1]) if k else 1.0
 
     def _best(self) -> int:
-        return int(np.argmax(self._speedups())) + 1
+        """argmax S(K), or 0 (draft nothing) when no K pays even at the optimistic acceptance
+        (``k_min`` 0). While at 0 the counts fade, alpha_high rises and a K >= 1 is tried again,
+        so a pessimistic start is not final; a draft that cannot pay even when always accepted
+        (c too high for the target's curve) is never tried."""
+        s = self._speedups()
+        k = int(np.argmax(s)) + 1
+        if self.k_min == 0 and s[k - 1] < 1.0 and self._speedups(optimistic=True).max() < 1.0:
+            return 0
+        return k
 
     # --- the policy ---------------------------------------------------------------------
     def next_k(self) -> int:
@@ -372,13 +398,16 @@ class AdaptiveK:
         d, a = event.n_drafted, event.n_accepted
         self.acc = self.decay * self.acc + a
         self.trials = self.decay * self.trials + a + (1 if a < d else 0)
-        if self.steps > 1 and d > 0:  # the first step's draft time includes the prompt's prefill
+        # the first step's draft time includes the prompt's prefill, and a step after steps that
+        # drafted nothing the draft's catching up on them: neither is a step's usual cost
+        if self.steps > 1 and d > 0 and self._drafted:
             self.draft_time += event.t_draft
             self.draft_tokens += d + self._caught_up  # passes, the catch-up pass included
             if self.prior is not None:
                 self.draft_fixed_sum += max(event.t_draft - d * self.prior_draft, 0.0)
                 self.draft_fixed_n += 1
         self._caught_up = 0 < d == a
+        self._drafted = d > 0
         if self.steps > 1 and event.t_verify > 0:
             # the pass and the loop's work on its n rows (warp, verify, rewind) both grow with n;
             # target-only decoding pays the same for n = 1, so the line is the target's whole cost

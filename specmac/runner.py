@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -216,6 +217,12 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
                      f"tokens per target pass {'-' if tpp is None else f'{tpp:.2f}'}  (k={r['k']})")
         per = " ".join("-" if a is None else f"{a:.2f}" for a in r["per_position_acceptance"])
         lines.append(f"per-position acceptance: {per or '-'}")
+        history = r.get("k_policy", {}).get("k_history")
+        if history:
+            counts = sorted(Counter(history).items())
+            lines.append("K per step: " + ", ".join(f"{_n(n, 'step')} at {k}" for k, n in counts)
+                         + ("  (0 = no drafts: no K was predicted to beat the target alone, or the "
+                            "last token of --max-tokens)" if counts[0][0] == 0 else ""))
     ts, total = r["time_split"], r["seconds"]
     lines.append(f"time: draft {_pct(ts['draft'], total)}  verify {_pct(ts['verify'], total)}  "
                  f"other {_pct(ts['other'], total)}  (prompt prefill {r['prefill_seconds']:.2f} s, "

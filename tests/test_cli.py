@@ -292,6 +292,14 @@ def test_run_text_and_stats_block(tmp_path):
 def test_run_adaptive_k():
     out = json.loads(_invoke(["run", *PAIR, "--k", "auto", "--max-tokens", "48", "--json", "hi"]).stdout)
     assert out["k"] == "auto" and out["n_tokens"] == 48 and 0 <= out["acceptance_rate"] <= 1
+    assert sum(out["k_policy"]["k_history"]) > 0
+
+
+def test_run_adaptive_k_drafts_nothing_when_no_k_pays():
+    """A serial target and a draft as slow as it: the stats say auto chose plain decoding."""
+    slow = ["--draft-opt", "latency_ms=2", "--target-opt", "latency_ms=2", "--target-opt", "beta=1.0"]
+    r = _invoke(["run", *PAIR, *slow, "--k", "auto", "--max-tokens", "12", "hi"])
+    assert "K per step: 12 steps at 0  (0 = no drafts: no K was predicted to beat the target" in r.stderr
 
 
 def test_run_reads_stdin():

@@ -127,7 +127,7 @@ def simulate(policy, *, alpha, t_d, t1, beta, steps, seed=0):
     tokens = seconds = 0.0
     for _ in range(steps):
         k = policy.next_k()
-        assert 1 <= k <= 16
+        assert 0 <= k <= 16  # 0: no drafts, target-only decoding
         a = 0
         while a < k and rng.random() < alpha:
             a += 1
@@ -157,11 +157,12 @@ class Fixed:
 def test_adaptive_k_matches_best_fixed_k(alpha, t_d, beta):
     t1, steps = 1.0, 600
     rates = {k: np.divide(*simulate(Fixed(k), alpha=alpha, t_d=t_d, t1=t1, beta=beta, steps=steps))
-             for k in range(1, 17)}
+             for k in range(0, 17)}  # K = 0: target only
     policy = AdaptiveK()
     auto = np.divide(*simulate(policy, alpha=alpha, t_d=t_d, t1=t1, beta=beta, steps=steps))
     assert auto >= 0.93 * max(rates.values())
-    k_star, _ = best_k(alpha, t_d, lambda n: t1 * (1 + beta * (n - 1)))
+    k_star, s_star = best_k(alpha, t_d, lambda n: t1 * (1 + beta * (n - 1)))
+    k_star = k_star if s_star > 1.0 else 0  # no K pays: decoding without drafts is best
     settled = np.bincount(policy.history[-200:]).argmax()
     assert abs(settled - k_star) <= 1 or rates[settled] >= 0.97 * rates[k_star]
 
@@ -172,7 +173,7 @@ def test_adaptive_k_in_the_loop():
     out = pair.generate("hello", params=SamplingParams(temperature=1.0), max_tokens=200, k=policy, seed=1)
     assert out.stats.k == "auto"
     assert len(out.token_ids) > 0
-    assert all(1 <= k <= 16 for k in policy.history[:-1])
+    assert all(0 <= k <= 16 for k in policy.history[:-1])
     assert 0.0 < policy.alpha < 1.0
 
 
@@ -232,15 +233,19 @@ def test_adaptive_k_finds_a_cheap_wide_pass():
 
 
 def test_calibrated_policy_starts_from_measured_costs():
-    """for_pair times the pair first: a serial target with a costly draft starts at K = 1 and
-    never explores; a parallel target with a free, perfect draft starts at a large K."""
+    """for_pair times the pair first: a serial target with a costly draft cannot pay even with
+    every draft accepted, so the policy drafts nothing (K = 0) and never explores (with k_min=1:
+    K = 1 throughout); a parallel target with a free, perfect draft starts at a large K."""
     slow = Pair.load("synthetic", "synthetic", target_options={"latency_ms": 2, "beta": 1.0},
                      draft_options={"latency_ms": 1.5})
     policy = AdaptiveK.for_pair(slow)
     assert policy.prior is not None and policy.schedule == [] and policy.calibration_s > 0
-    assert policy.next_k() == 1
-    slow.generate("hello", params=SamplingParams(0.0), max_tokens=24, k=policy)
-    assert set(policy.history) == {1}
+    assert policy.next_k() == 0
+    out = slow.generate("hello", params=SamplingParams(0.0), max_tokens=24, k=policy)
+    assert set(policy.history) == {0} and out.stats.n_drafted == 0
+    always = AdaptiveK.for_pair(slow, k_min=1)
+    slow.generate("hello", params=SamplingParams(0.0), max_tokens=24, k=always)
+    assert always.next_k() == 1 and set(always.history[:-1]) == {1}  # the last may be cut by max_tokens
     fast = Pair.load("synthetic", "synthetic", target_options={"latency_ms": 2, "beta": 0.0},
                      draft_options={"noise": 0.0})
     assert AdaptiveK.for_pair(fast).next_k() >= 4
@@ -259,3 +264,25 @@ def test_replay_greedy_by_hand():
     assert replay_greedy("000", 1, 3, t, 0.1, 0.3) == pytest.approx(3 / (2 * (0.1 + 2.0) + 1.0))
     with pytest.raises(ValueError, match="the trace has 3 tokens"):
         replay_greedy("000", 1, 4, t, 0.1, 0.3)
+
+
+def test_policy_stops_drafting_when_nothing_pays_and_tries_again_later():
+    """Rejections make every K a loss: the policy drafts nothing (K = 0). The counts then fade and
+    the optimistic acceptance rises, so drafting is tried again; a perfect run keeps it on."""
+    policy = AdaptiveK()
+    policy.set_costs([1.0 + 0.3 * n for n in range(17)], 0.1)  # pays only at high acceptance
+    assert policy.next_k() >= 1
+    for _ in range(12):
+        policy.update(Event([0], ["corrected"], 2, 2, 0, 0.2, 1.6, 0.0))
+    assert policy.next_k() == 0
+    off = 0
+    while policy.next_k() == 0:
+        policy.update(Event([0], ["target"], 0, 0, 0, 0.0, 1.3, 0.0))
+        off += 1
+        assert off < 200, "never drafts again"
+    assert off > 5  # not on the next step: one rejection run is evidence
+    for _ in range(20):
+        k = policy.next_k()
+        policy.update(Event([0] * (k + 1), ["accepted"] * k + ["bonus"], k, k, k, 0.1 * k,
+                            1.3 + 0.3 * k, 0.0))
+    assert policy.next_k() >= 2
