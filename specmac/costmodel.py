@@ -277,10 +277,12 @@ class AdaptiveK:
             ids = probe_tokens(target, context + widths[-1])
             target.reset()
             target.prefill(ids[:context])
-            times = {}
-            for n in (widths[-1], 1, *widths):  # the first two warm buffers and kernels up
+            times: dict[int, list[float]] = {}
+            # the first two warm buffers and kernels up; T(1), every S(K)'s yardstick, gets 3 timings
+            for n in (widths[-1], 1, *widths, 1, 1):
                 target.rewind(context)
-                times[n] = timed(target, lambda n=n: target.score(ids[context:context + n]))
+                t = timed(target, lambda n=n: target.score(ids[context:context + n]))
+                times.setdefault(n, []).append(t)
             backend = getattr(pair.drafter, "backend", None)
             t_draft = time_single(backend, context=context, repeats=3, warmup=1)["median_ms"] / 1e3 \
                 if backend is not None else 0.0
@@ -289,7 +291,7 @@ class AdaptiveK:
         finally:
             target.reset()
             pair.drafter.trim(0)
-        self.set_costs([times[w] for w in widths], t_draft)
+        self.set_costs([float(np.median(times[1][-3:]))] + [times[w][-1] for w in widths[1:]], t_draft)
         self.calibration_s = time.perf_counter() - t0
 
     def set_costs(self, t_target: Sequence[float], t_draft1: float) -> None:
