@@ -257,7 +257,8 @@ def use_color(flag: bool | None, as_json: bool) -> bool:
 @pair_options
 @sampling_options
 @click.option("--k", "k_text", default="4", show_default=True, metavar="K|auto",
-              help="Draft tokens per step, or 'auto' (adaptive, from the cost model).")
+              help="Draft tokens per step, or 'auto' (chosen every step by the cost model; "
+                   "0 drafts when no K is predicted to pay).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, metavar="N",
               help="Stop after N generated tokens (or at EOS, or at the context window).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False),

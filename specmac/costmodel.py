@@ -435,7 +435,8 @@ class AdaptiveK:
         return best
 
     def info(self) -> dict:
-        return {"policy": self.label, "alpha": self.alpha, "t_draft1_ms": self.t_draft1() * 1e3,
+        return {"policy": self.label, "alpha": self.alpha, "alpha_high": self.alpha_high(),
+                "k_min": self.k_min, "t_draft1_ms": self.t_draft1() * 1e3,
                 "t_target1_ms": self.t_target(1) * 1e3, "calibrated": self.prior is not None,
                 "calibration_s": self.calibration_s, "k_history": list(self.history)}
 
