@@ -361,11 +361,12 @@ class AdaptiveK:
         n = a + b
         return min(a / n + self.off_z * np.sqrt(a * b / (n * n * (n + 1.0))), 1.0)
 
-    def _speedups(self, optimistic: bool = False) -> np.ndarray:
+    def _speedups(self, optimistic: bool = False, curve: np.ndarray | None = None) -> np.ndarray:
         """[k_max] predicted S(K) for K = 1..k_max, vectorised: the policy runs every step, so it
         must cost microseconds. E(K) and the chance of a catch-up pass, E[alpha^K], are posterior
-        expectations (``optimistic``: powers of ``alpha_high``)."""
-        curve = self._curve()
+        expectations (``optimistic``: powers of ``alpha_high``). ``curve``: ``_curve()``, if the
+        caller has it already."""
+        curve = self._curve() if curve is None else curve
         ks = np.arange(1, self.k_max + 1)
         if optimistic:
             m = self.alpha_high() ** np.arange(self.k_max + 1.0)
@@ -383,9 +384,10 @@ class AdaptiveK:
         (``k_min`` 0). While at 0 the counts fade, alpha_high rises and a K >= 1 is tried again,
         so a pessimistic start is not final; a draft that cannot pay even when always accepted
         (c too high for the target's curve) is never tried."""
-        s = self._speedups()
+        curve = self._curve()
+        s = self._speedups(curve=curve)
         k = int(np.argmax(s)) + 1
-        if self.k_min == 0 and s[k - 1] < 1.0 and self._speedups(optimistic=True).max() < 1.0:
+        if self.k_min == 0 and s[k - 1] < 1.0 and self._speedups(True, curve).max() < 1.0:
             return 0
         return k
 
