@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 from specmac.api import Pair
-from specmac.compare import default_prompts
-from specmac.drafters import Drafter
+from specmac.drafters import NoDraft
 from specmac.probes import probe_parallelism
+from specmac.prompts import default_prompts
 from specmac.results import model_files, provenance, write_json
 from specmac.sampling import SamplingParams
 
@@ -46,7 +46,7 @@ def main() -> None:
     traces = []
     for text in prompts:
         ids = pair.encode(text)
-        out = Pair(pair.target, Drafter()).generate(ids, params=SamplingParams(0.0), max_tokens=args.tokens)
+        out = Pair(pair.target, NoDraft()).generate(ids, params=SamplingParams(0.0), max_tokens=args.tokens)
         toks = list(out.token_ids)
         draft.reset()
         if len(ids) > 1:

@@ -20,11 +20,12 @@ import statistics
 import sys
 from pathlib import Path
 
+from specmac.costmodel import AdaptiveK, advise, advise_prompts, replay_greedy
+
 from specmac import assets
 from specmac.api import Pair
 from specmac.backends import missing_requirements
-from specmac.costmodel import AdaptiveK, advise, advise_prompts, replay_greedy
-from specmac.drafters import Drafter
+from specmac.drafters import NoDraft
 from specmac.results import model_files, plot_speedup, provenance, write_json
 from specmac.sampling import SamplingParams
 
@@ -74,7 +75,7 @@ def skip_reason(p: dict) -> str | None:
 
 def one_run(pair: Pair, k, max_tokens: int, seed: int) -> dict:
     """tokens, seconds, target passes (and the K chosen, for auto) over PROMPTS; k None = target only."""
-    runner = pair if k is not None else Pair(pair.target, Drafter())
+    runner = pair if k is not None else Pair(pair.target, NoDraft())
     res = {"tokens": 0, "seconds": 0.0, "passes": 0, "ks": [], "outputs": []}
     for prompt in PROMPTS:
         policy = AdaptiveK.for_pair(pair) if k == "auto" else (k or 1)

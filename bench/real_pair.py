@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specmac.api import Pair
 from specmac.backends import load_backend
-from specmac.drafters import Drafter, ModelDrafter
+from specmac.drafters import ModelDrafter, NoDraft
 from specmac.results import provenance, write_json
 from specmac.sampling import SamplingParams
 from specmac.vocab import check_compatible
@@ -52,7 +52,7 @@ def main() -> None:
         "torch": lambda: load_backend("torch", str(m / "qwen2.5-coder-0.5b-instruct-hf"),
                                       {"n_threads": args.threads}, role="draft"),
     }
-    base = Pair(target, Drafter())
+    base = Pair(target, NoDraft())
     records = []
     for name in args.drafts.split(","):
         db = drafts[name]()

@@ -4,11 +4,11 @@ Importing specmac imports no ML framework; backends load their framework on firs
 """
 
 from specmac.api import Generation, Pair, generate, stream
-from specmac.backends import Backend, BaseBackend, load_backend, registry
+from specmac.backends import BaseBackend, load_backend, registry
 from specmac.errors import SpecmacError
 from specmac.sampling import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["Backend", "BaseBackend", "Generation", "Pair", "SamplingParams", "SpecmacError",
+__all__ = ["BaseBackend", "Generation", "Pair", "SamplingParams", "SpecmacError",
            "__version__", "generate", "load_backend", "registry", "stream"]

@@ -13,17 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from specmac.backends import BaseBackend, backend_class, load_backend
-from specmac.drafters import Drafter, ModelDrafter, NgramDrafter
+from specmac.backends import BaseBackend, load_backend
+from specmac.drafters import Drafter, NoDraft, check_draft_args, load_drafter
 from specmac.errors import BadOption
-from specmac.metrics import RunStats
+from specmac.loop import Event, speculative_steps
+from specmac.policy import FixedK, KPolicy
+from specmac.rejection import VerifyRule
+from specmac.runstats import RunStats
 from specmac.sampling import SamplingParams
-from specmac.speculative import Event, FixedK, speculative_steps
-from specmac.verify import VerifyRule
-from specmac.vocab import check_compatible
-
-NO_DRAFT = (None, "none")
-MODEL_FREE_DRAFTERS = ("ngram",)
 
 
 @dataclass
@@ -51,48 +48,54 @@ class Pair:
              draft_options: dict[str, Any] | None = None) -> Pair:
         """Load the target, check the draft's vocabulary (before its weights where the backend
         can read a tokenizer alone), then load the draft."""
-        if draft in NO_DRAFT or draft in MODEL_FREE_DRAFTERS:
-            if draft_model or draft_options:
-                raise BadOption(f"--draft {draft or 'none'} takes no draft model or draft options")
+        check_draft_args(draft, draft_model, draft_options)  # before any weights load
         tb = load_backend(target, target_model, target_options, role="target")
-        if draft in NO_DRAFT:
-            return cls(tb, Drafter())
-        if draft == "ngram":
-            return cls(tb, NgramDrafter())
-        dcls = backend_class(draft)
-        peek = getattr(dcls, "peek_vocab", None)
-        if peek is not None:
-            check_compatible(peek(draft_model, role="draft", **dcls.parse_options(draft_options or {})),
-                             tb.vocab)
-        db = load_backend(draft, draft_model, draft_options, role="draft")
-        check_compatible(db.vocab, tb.vocab)
-        return cls(tb, ModelDrafter(db))
+        return cls(tb, load_drafter(draft, draft_model, draft_options, target_vocab=tb.vocab))
+
+    def baseline(self) -> Pair:
+        """The same target with no drafter: target-only decoding."""
+        return Pair(self.target, NoDraft())
 
     @property
     def speculative(self) -> bool:
-        return type(self.drafter) is not Drafter
+        return self.drafter.drafts
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         return self.target.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
+    def policy(self, k: int | str | KPolicy = 4) -> KPolicy:
+        """The K policy that ``k`` names: an integer >= 1 (FixedK), "auto" (AdaptiveK started from
+        this pair's measured costs; see specmac.calibration) or a policy object, returned as is."""
+        if isinstance(k, str):
+            if k != "auto":
+                raise BadOption(f"k {k!r} is out of range: use an integer >= 1 (or 'auto')", param="k")
+            from specmac.calibration import adaptive_policy
+
+            return adaptive_policy(self.target, self.drafter.backend)
+        if isinstance(k, KPolicy):
+            return k
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise BadOption(f"k {k!r} is out of range: use an integer >= 1 (or 'auto')", param="k")
+        if k < 1:
+            raise BadOption(f"k {k!r} is out of range: use an integer >= 1 (or 'auto')", param="k")
+        return FixedK(int(k))
+
     def stream(self, prompt: str | Sequence[int], *, params: SamplingParams | None = None,
-               max_tokens: int = 128, k: int | str | FixedK = 4, seed: int = 0,
+               max_tokens: int = 128, k: int | str | KPolicy = 4, seed: int = 0,
                rule: VerifyRule | None = None) -> Iterator[Event]:
         """k: drafts per step, "auto" (adaptive, from the cost model), or a policy object."""
-        check_run_args(max_tokens, k)
-        if k == "auto":
-            from specmac.costmodel import AdaptiveK
-
-            k = AdaptiveK.for_pair(self)
+        check_max_tokens(max_tokens)
+        check_seed(seed)
+        policy = self.policy(k)
         return speculative_steps(self.target, self.drafter, self.encode(prompt),
                                  params=params or SamplingParams(), max_tokens=max_tokens,
-                                 rng=np.random.default_rng(seed), k=k, rule=rule)
+                                 rng=np.random.default_rng(seed), k=policy, rule=rule)
 
     def generate(self, prompt: str | Sequence[int], **kw) -> Generation:
-        k = kw.get("k", 4)
-        stats = RunStats(k=k if isinstance(k, int) else getattr(k, "label", "auto"))
+        policy = self.policy(kw.pop("k", 4))
+        stats = RunStats(k=policy.k if isinstance(policy, FixedK) else getattr(policy, "label", "auto"))
         ids: list[int] = []
-        for event in self.stream(prompt, **kw):
+        for event in self.stream(prompt, k=policy, **kw):
             stats.add(event)
             ids += event.tokens
         return Generation(self.target.decode(ids), ids, stats, self.speculative)
@@ -101,11 +104,14 @@ class Pair:
         return {"target": self.target.info(), "draft": self.drafter.info()}
 
 
-def check_run_args(max_tokens: int, k: int | FixedK) -> None:
-    if not (isinstance(max_tokens, int) and max_tokens >= 1):
-        raise BadOption(f"max_tokens {max_tokens!r} is out of range: use an integer >= 1")
-    if isinstance(k, str) and k != "auto" or isinstance(k, int) and not k >= 1:
-        raise BadOption(f"k {k!r} is out of range: use an integer >= 1 (or 'auto')")
+def check_max_tokens(max_tokens: int) -> None:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+        raise BadOption(f"max_tokens {max_tokens!r} is out of range: use an integer >= 1", param="max_tokens")
+
+
+def check_seed(seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+        raise BadOption(f"seed {seed!r} is out of range: use an integer in [0, 2**63)", param="seed")
 
 
 def generate(prompt: str | Sequence[int], *, target: str = "synthetic", draft: str | None = None,

@@ -52,8 +52,42 @@ def _usage_hint(e: click.UsageError) -> str:
     return f"; see '{path} --help'"
 
 
+def flag_language(e: SpecmacError, command: click.Command | None) -> str:
+    """The library names parameters; the user typed flags. When the error says which parameter it
+    is about and this command has a flag for it, the message names the flag instead: a message
+    that starts with the parameter's name starts with the flag, any other gets the flag in front."""
+    msg = one_line(str(e))
+    param = getattr(e, "param", None)
+    if not param or command is None:
+        return msg
+    for p in command.params:
+        if not isinstance(p, click.Option):
+            continue
+        flag = max(p.opts, key=len)
+        names = {p.name, flag.lstrip("-").replace("-", "_"), flag.lstrip("-")}
+        if param in names:
+            for name in sorted(names, key=len, reverse=True):
+                if msg.startswith(name + " "):
+                    return flag + msg[len(name):]
+            return f"{flag}: {msg}"
+    return msg
+
+
+class Command(click.Command):
+    """Rewords library errors into the flags of this command (see ``flag_language``)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SpecmacError as e:
+            _debug_traceback(e)
+            raise UserError(flag_language(e, self)) from None
+
+
 class Group(click.Group):
     """Turns user errors into one line + exit 2, and Ctrl-C into exit 130, for every command."""
+
+    command_class = Command
 
     def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
         try:
@@ -274,21 +308,18 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
     On a terminal the text streams in colour: green tokens are accepted drafts, red ones the
     target's corrections, cyan ones bonus tokens. A stats block follows on stderr.
     """
-    from specmac import runner
+    from specmac import cli_render
 
-    prompt = runner.read_prompt(prompt, prompt_file)
+    prompt = cli_render.read_prompt(prompt, prompt_file)
     k = parse_k(k_text)  # everything is validated before any model loads
     params = sampling_params(kw)
     if baseline and kw["draft"] == "none":
         raise UserError("--baseline compares speculative with target-only decoding: add --draft BACKEND")
     pair = load_pair(kw)
-    if k == "auto":
-        from specmac.costmodel import AdaptiveK
-
-        k = AdaptiveK.for_pair(pair)
+    policy = pair.policy(k)  # "auto" measures the pair's pass costs here, before the first token
     if chat:
-        prompt = runner.apply_chat_template(pair.target, prompt)
-    code = runner.run(pair, prompt, params=params, k=k, max_tokens=max_tokens, seed=kw["seed"],
+        prompt = pair.target.apply_chat_template(prompt)
+    code = cli_render.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],
                       baseline=baseline, as_json=as_json, color=use_color(color, as_json),
                       meta={"command": " ".join(["specmac", *sys.argv[1:]])})
     sys.exit(code)
@@ -314,7 +345,7 @@ def verify(k_text, tokens, length, as_json, **kw):
     (context, position, token) are compared. The verdict says how large a difference would have
     been caught (the minimum detectable total-variation distance).
     """
-    from specmac import runner
+    from specmac import cli_render
 
     if kw["draft"] == "none":
         raise UserError("verify needs a draft: add --draft BACKEND (or --draft ngram)")
@@ -326,7 +357,7 @@ def verify(k_text, tokens, length, as_json, **kw):
         raise UserError(f"--tokens {tokens} is too few to visit positions 1..{length} once: raise --tokens")
     params = sampling_params(kw)
     pair = load_pair(kw)
-    runner.verify(pair, params=params, k=k, tokens=tokens, length=length, seed=kw["seed"],
+    cli_render.verify(pair, params=params, k=k, tokens=tokens, length=length, seed=kw["seed"],
                   as_json=as_json)
 
 
@@ -336,9 +367,9 @@ def verify(k_text, tokens, length, as_json, **kw):
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 def backends(as_json):
     """List every registered backend: installed?, library version, devices."""
-    from specmac import runner
+    from specmac import cli_render
 
-    runner.list_backends(as_json)
+    cli_render.list_backends(as_json)
 
 
 def _register_extra_commands() -> None:

@@ -88,13 +88,14 @@ def _default_out() -> str:
 def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt, config_path,
             prompts_path, n_prompts, max_tokens, repeats, warmup_tokens, out_dir, as_json, **kw):
     from specmac import compare as cmp
+    from specmac import prompts, report
     from specmac.results import write_json
 
     if max_tokens < 1 or repeats < 1 or warmup_tokens < 1:
         raise UserError("--max-tokens, --repeats and --warmup-tokens must be integers >= 1")
     settings = cmp.Settings(
         pairs=cmp.parse_pairs(pairs), ks=cmp.parse_ks(k_text),
-        prompts=cmp.read_prompts(prompts_path, n_prompts), params=sampling_params(kw),
+        prompts=prompts.read_prompts(prompts_path, n_prompts), params=sampling_params(kw),
         max_tokens=max_tokens, repeats=repeats, seed=kw["seed"], warmup_tokens=warmup_tokens,
         backends=cmp.backend_settings(
             cmp.read_config(config_path) if config_path else None,
@@ -109,11 +110,11 @@ def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt
                f"baselines, {len(settings.prompts)} prompts x {repeats} repeats", err=True)
     record = _run_with_progress(cmp, settings, command)
     write_json(out / "results.json", record)
-    written = cmp.render(record, out)
+    written = report.render(record, out)
     if as_json:
         emit_json(record)
         return
-    click.echo(cmp.headline(record).replace("**", ""))
+    click.echo(report.headline(record).replace("**", ""))
     click.echo(f"wrote {out / 'results.json'}, " + ", ".join(str(p) for p in written), err=True)
     if record["interrupted"]:
         sys.exit(130)
@@ -151,12 +152,12 @@ def _run_with_progress(cmp, settings, command: str) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print the headline and the files written as JSON.")
 def report(directory, out_dir, as_json):
     """Re-render summary.md and the plots of a compare run from its results.json (no re-run)."""
-    from specmac import compare as cmp
+    from specmac import report as rep
 
-    record = cmp.load_record(directory)
-    written = cmp.render(record, out_dir or directory)
+    record = rep.load_record(directory)
+    written = rep.render(record, out_dir or directory)
     if as_json:
-        emit_json({"headline": cmp.headline(record), "files": [str(p) for p in written]})
+        emit_json({"headline": rep.headline(record), "files": [str(p) for p in written]})
         return
-    click.echo(cmp.headline(record).replace("**", ""))
+    click.echo(rep.headline(record).replace("**", ""))
     click.echo("wrote " + ", ".join(str(p) for p in written), err=True)

@@ -89,8 +89,8 @@ def _print_probe(r: dict) -> None:
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON record (with provenance).")
 def advise(prompts, run_tokens, context, repeats, as_json, plot, out, **kw):
     """Predict the speedup of speculation for K = 1..16 from measured costs and acceptance."""
+    from specmac.advise import advise as run_advise
     from specmac.cli import sampling_params
-    from specmac.costmodel import advise as run_advise
     from specmac.results import model_files, plot_speedup, provenance
 
     if kw["draft"] == "none":
@@ -101,7 +101,7 @@ def advise(prompts, run_tokens, context, repeats, as_json, plot, out, **kw):
     record = run_advise(pair, params=sampling_params(kw), prompts=list(prompts) or None,
                         run_tokens=run_tokens, context=context, repeats=repeats, seed=kw["seed"])
     models = model_files(pair.target, kw["target_model"], "target")
-    if hasattr(pair.drafter, "backend"):
+    if pair.drafter.backend is not None:
         models += model_files(pair.drafter.backend, kw["draft_model"], "draft")
     record["provenance"] = provenance(" ".join(sys.argv), models)
     label = f"{kw['draft']} -> {kw['target']}"

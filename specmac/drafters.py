@@ -1,5 +1,9 @@
 """Drafters propose K tokens and the distributions they were drawn from.
 
+One contract (``Drafter``) and three kinds: ``NoDraft`` (plain target decoding), ``ModelDrafter``
+(any backend) and ``NgramDrafter`` (prompt lookup, no model). ``drafter.backend`` is the one way to
+ask for a drafter's model (None without one); ``load_drafter`` is the one factory.
+
 ``propose(seq, k)`` takes the whole committed sequence, so a drafter keeps its own cache in step:
 it rewinds to the longest prefix it has already seen and feeds only what is new (after a fully
 accepted step that includes the last draft token, which it proposed but never scored).
@@ -8,36 +12,56 @@ accepted step that includes the last draft token, which it proposed but never sc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from specmac.backends import BaseBackend
+from specmac.backends import BaseBackend, backend_class, load_backend
+from specmac.errors import BadOption
 from specmac.sampling import SamplingParams, sample, warp
-from specmac.vocab import align_logits
+from specmac.vocab import Vocab, align_logits, check_compatible
+
+NO_DRAFT = (None, "none")
+MODEL_FREE = ("ngram",)  # drafters that need no model (besides "none")
 
 
 class Drafter:
-    """No drafts: the speculative loop degenerates to plain target decoding."""
+    """The drafter contract. ``drafts`` is False only for NoDraft; ``backend`` is the draft model's
+    backend, or None for drafters without a model."""
 
-    name = "none"
+    name: ClassVar[str] = ""
+    drafts: ClassVar[bool] = True
+    backend: BaseBackend | None = None
 
     def max_k(self, n_seq: int) -> int:
         """The most drafts this drafter can make after a sequence of n_seq tokens."""
-        return 0
+        raise NotImplementedError
 
     def propose(self, seq: Sequence[int], k: int, params: SamplingParams,
                 rng: np.random.Generator, n_vocab: int) -> tuple[list[int], Any]:
         """-> drafts [<= k] and q: a row [n_vocab] per draft, the distribution it was drawn from
         (float64, warped like the target), indexable as q[i]; None when ``params.greedy`` (the
         greedy rule reads no q)."""
-        return [], np.zeros((0, n_vocab))
+        raise NotImplementedError
 
     def trim(self, n: int) -> None:
         """Forget everything past the first n tokens of the committed sequence."""
 
     def info(self) -> dict:
         return {"drafter": self.name}
+
+
+class NoDraft(Drafter):
+    """No drafts: the speculative loop degenerates to plain target decoding."""
+
+    name = "none"
+    drafts = False
+
+    def max_k(self, n_seq: int) -> int:
+        return 0
+
+    def propose(self, seq, k, params, rng, n_vocab):
+        return [], None
 
 
 class ModelDrafter(Drafter):
@@ -99,6 +123,30 @@ class NgramDrafter(Drafter):
 
     def info(self) -> dict:
         return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+
+
+def load_drafter(name: str | None, model: str | None = None, options: dict[str, Any] | None = None,
+                 *, target_vocab: Vocab) -> Drafter:
+    """The drafter called ``name``: "none" (or None), "ngram", or a backend loaded as the draft.
+    A backend's vocabulary is checked against the target's before its weights load where the
+    backend can read a tokenizer alone, and again after."""
+    check_draft_args(name, model, options)
+    if name in NO_DRAFT or name in MODEL_FREE:
+        return NgramDrafter() if name == "ngram" else NoDraft()
+    cls = backend_class(name)
+    peeked = cls.peek_vocab(model, role="draft", **cls.parse_options(options or {}))
+    if peeked is not None:
+        check_compatible(peeked, target_vocab)
+    backend = load_backend(name, model, options, role="draft")
+    check_compatible(backend.vocab, target_vocab)
+    return ModelDrafter(backend)
+
+
+def check_draft_args(name: str | None, model: str | None, options: dict[str, Any] | None) -> None:
+    """A drafter without a model takes no model and no options."""
+    if (name in NO_DRAFT or name in MODEL_FREE) and (model or options):
+        raise BadOption(f"draft {name or 'none'!r} takes no draft model or draft options: drop them",
+                        param="draft")
 
 
 class OneHotRows:

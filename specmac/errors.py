@@ -1,14 +1,22 @@
 """User-facing errors: one line that says what is wrong and what to do.
 
-The CLI turns every ``SpecmacError`` into exit status 2 with no traceback; anything else is a bug
-and keeps its traceback.
+Library messages name parameters (``n_max``, ``context``); the CLI turns every ``SpecmacError``
+into exit status 2 with no traceback, and rewords a parameter into its flag (``--n-max``) where
+the error says which parameter it is about. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 
 class SpecmacError(Exception):
-    """A problem with the user's input or environment (not a bug in specmac)."""
+    """A problem with the user's input or environment (not a bug in specmac).
+
+    ``param``: the parameter the message starts with, so that the CLI can name its flag instead.
+    """
+
+    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class BackendNotInstalled(SpecmacError):
@@ -20,7 +28,7 @@ class UnknownBackend(SpecmacError):
 
 
 class BadOption(SpecmacError):
-    """A backend option or sampling parameter is out of range or of the wrong type."""
+    """A parameter, backend option or sampling parameter is out of range or of the wrong type."""
 
 
 class ModelNotFound(SpecmacError):
@@ -32,4 +40,8 @@ class VocabMismatch(SpecmacError):
 
 
 class ContextOverflow(SpecmacError):
-    """The prompt does not fit in the model's context window."""
+    """The tokens do not fit in the model's context window."""
+
+
+class BadTokens(SpecmacError):
+    """Token ids that a model cannot take: none at all, or ids outside its vocabulary."""

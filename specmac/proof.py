@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from specmac.api import Pair
-from specmac.drafters import Drafter
+from specmac.chisquare import min_detectable_tv, two_sample
 from specmac.sampling import SamplingParams
-from specmac.stats import min_detectable_tv, two_sample
 
 DEFAULT_CONTEXTS = ("def ", "import ", "the ", "for i in ", "class ", "return ")
 
@@ -25,7 +24,7 @@ def two_sample_check(pair: Pair, *, params: SamplingParams, n_tokens: int, k: in
                      greedy_tokens: int = 32, seed: int = 0,
                      progress: Callable[[int], None] | None = None) -> dict:
     """Run both methods for about n_tokens each; return chi-square, power and greedy agreement."""
-    baseline = Pair(pair.target, Drafter())
+    baseline = pair.baseline()
     ctx_ids = [pair.encode(c) for c in contexts]
     length = length or k + 1
     spec, auto, spent, i = [], [], 0, 0

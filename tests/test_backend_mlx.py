@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specmac.backends import load_backend, missing_requirements
-from specmac.errors import BadOption, ModelNotFound, SpecmacError
+from specmac.errors import BadOption, BadTokens, ContextOverflow, ModelNotFound, SpecmacError
 
 MISSING = missing_requirements("mlx")
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"the mlx backend needs {', '.join(MISSING)}, "
@@ -105,11 +105,11 @@ def test_greedy_matches_mlx_lm_generate_step(backend):
 
 def test_context_window_and_bad_calls(backend, folder):
     backend.reset()
-    with pytest.raises(ValueError, match="n_ctx=512"):
+    with pytest.raises(ContextOverflow, match="n_ctx=512"):
         backend.score([5] * 513)
     with pytest.raises(ValueError, match="cannot rewind to 3"):
         backend.rewind(3)
-    with pytest.raises(ValueError, match="token ids"):
+    with pytest.raises(BadTokens, match="ids must be in"):
         backend.score([backend.vocab.n_logits])
     assert backend.n_past == 0
     assert load_backend("mlx", str(folder), {"n_ctx": "64"}).n_ctx == 64

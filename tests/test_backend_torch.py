@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specmac.errors import BadTokens, ContextOverflow
 from tests.conftest import skip_unless_installed
 
 pytestmark = skip_unless_installed("torch")
@@ -137,13 +138,13 @@ def test_encode_adds_bos_once(b):
 
 
 def test_score_rejects_bad_ids_and_overflow(folder, b):
-    with pytest.raises(ValueError, match="token ids"):
+    with pytest.raises(BadTokens, match="ids must be in"):
         b.score([512])
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(BadTokens, match="at least one"):
         b.score([])
     small = load(folder, n_ctx=4)
     small.score([2, 3, 4])
-    with pytest.raises(ValueError, match="exceed n_ctx=4"):
+    with pytest.raises(ContextOverflow, match="n_ctx=4"):
         small.score([5, 6])
     with pytest.raises(ValueError, match="cannot rewind"):
         small.rewind(4)

@@ -222,7 +222,7 @@ def test_debug_shows_the_traceback_of_a_user_error():
 
 
 def test_unexpected_error_keeps_its_traceback():
-    boom = ("import specmac.runner as r\n"
+    boom = ("import specmac.cli_render as r\n"
             "def run(*a, **k): raise RuntimeError('a bug, not a user error')\n"
             "r.run = run\nfrom specmac.cli import main\nmain(prog_name='specmac')")
     r = subprocess.run([sys.executable, "-c", boom, "run", *PAIR, "hi"], capture_output=True, text=True,
@@ -334,7 +334,7 @@ def _res(**kw) -> dict:
     (_res(), "PASS"), (_res(p_value=1e-6), "FAIL"), (_res(p_value=0.02), "INCONCLUSIVE"),
     (_res(dof=0, n_categories=1, p_value=1.0), "NO VERDICT")])
 def test_verdict_branches(res, head):
-    from specmac.runner import verdict
+    from specmac.cli_render import verdict
 
     text = verdict(res)
     assert text.startswith(head)
@@ -342,7 +342,7 @@ def test_verdict_branches(res, head):
 
 
 def test_verdict_explains_greedy_disagreement_and_few_categories():
-    from specmac.runner import verdict
+    from specmac.cli_render import verdict
 
     text = verdict(_res(greedy_agreement=0.5, dof=4, n_categories=5))
     assert "Greedy sequences differ" in text and "Only 5 categories" in text
@@ -393,7 +393,7 @@ def _stream(pieces: list[bytes], strip_leading_space: bool = False):
     """A TextStream over a toy tokenizer whose token i is pieces[i] (UTF-8 may split across tokens)."""
     import io
 
-    from specmac.runner import TextStream
+    from specmac.cli_render import TextStream
 
     def decode(ids):
         text = b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")

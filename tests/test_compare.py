@@ -14,8 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from specmac import compare as cmp
+from specmac import report
 from specmac.cli import main
 from specmac.errors import BadOption, VocabMismatch
+from specmac.prompts import read_prompts
 from specmac.sampling import SamplingParams
 from tests.conftest import skip_unless_installed
 
@@ -51,29 +53,29 @@ def test_parse_ks():
 
 
 def test_default_prompts_are_code_and_prose():
-    prompts = cmp.read_prompts(None)
+    prompts = read_prompts(None)
     assert len(prompts) == 12
     assert len({p["id"] for p in prompts}) == 12
     kinds = [p["kind"] for p in prompts]
     assert kinds[:2] == ["code", "prose"] and kinds.count("code") == kinds.count("prose")
-    assert [p["id"] for p in cmp.read_prompts(None, 3)] == [p["id"] for p in prompts[:3]]
+    assert [p["id"] for p in read_prompts(None, 3)] == [p["id"] for p in prompts[:3]]
 
 
 def test_read_prompt_files(tmp_path):
     txt = tmp_path / "p.txt"
     txt.write_text("first\nline two\n---\n\n---\nsecond\n")
-    assert [p["text"] for p in cmp.read_prompts(str(txt))] == ["first\nline two", "second"]
+    assert [p["text"] for p in read_prompts(str(txt))] == ["first\nline two", "second"]
     js = tmp_path / "p.json"
     js.write_text(json.dumps(["a", {"id": "x", "text": "b"}]))
-    assert [(p["id"], p["text"]) for p in cmp.read_prompts(str(js))] == [("p0", "a"), ("x", "b")]
+    assert [(p["id"], p["text"]) for p in read_prompts(str(js))] == [("p0", "a"), ("x", "b")]
     for content in ("[]", "{", "[1]"):
         js.write_text(content)
         with pytest.raises(BadOption):
-            cmp.read_prompts(str(js))
+            read_prompts(str(js))
     with pytest.raises(BadOption):
-        cmp.read_prompts(str(tmp_path / "missing.txt"))
+        read_prompts(str(tmp_path / "missing.txt"))
     with pytest.raises(BadOption):
-        cmp.read_prompts(None, 0)
+        read_prompts(None, 0)
 
 
 def test_backend_settings_merge(tmp_path):
@@ -97,7 +99,7 @@ def test_backend_settings_merge(tmp_path):
 
 def syn_settings(**kw) -> cmp.Settings:
     base = dict(pairs=[cmp.PairSpec("synthetic", "synthetic"), cmp.PairSpec("ngram", "synthetic")],
-                ks=[1, 3], prompts=cmp.read_prompts(None, 2), params=SamplingParams(0.0), max_tokens=12,
+                ks=[1, 3], prompts=read_prompts(None, 2), params=SamplingParams(0.0), max_tokens=12,
                 repeats=2, backends=cmp.backend_settings(opts=[("synthetic", "vocab_size", "20")]))
     return cmp.Settings(**{**base, **kw})
 
@@ -138,7 +140,7 @@ def test_vocab_mismatch_is_caught_before_measuring():
     with pytest.raises(VocabMismatch):
         cmp.load_models(s)
     s = syn_settings(backends=cmp.backend_settings(opts=[("torch", "device", "cpu")]))
-    with pytest.raises(BadOption, match="no --pair uses"):
+    with pytest.raises(BadOption, match="no pair uses"):
         cmp.load_models(s)
 
 
@@ -194,7 +196,7 @@ def series(rows: list[dict], legend: str) -> list[dict]:
 
 def check_outputs(out, n_configs: int) -> dict:
     """results.json is valid and complete; summary.md and every plot show its numbers."""
-    record = cmp.load_record(out)
+    record = report.load_record(out)
     assert record["provenance"]["git_sha"] is not None or record["provenance"]["command"]
     assert {"command", "libraries", "machine", "models", "backend_options"} <= set(record["provenance"])
     assert len(record["results"]) == n_configs
@@ -205,7 +207,7 @@ def check_outputs(out, n_configs: int) -> dict:
     rows = table_rows((out / "summary.md").read_text())
     assert len(rows) == n_configs
     for r in record["results"]:
-        cells = rows[(cmp.label(r), str(r["k"] or "\u2013"))]
+        cells = rows[(report.label(r), str(r["k"] or "\u2013"))]
         tps, sp = r["tokens_per_second"], r["speedup"]
         assert num(cells[2]) == pytest.approx(tps["median"], abs=0.051)
         lo, hi = cells[3].split("–")
@@ -218,7 +220,7 @@ def check_outputs(out, n_configs: int) -> dict:
             if value is not None:
                 assert num(cell) == pytest.approx(value, abs=tol)
 
-    figs = cmp.figures(record)
+    figs = report.figures(record)
     spec = [r for r in record["results"] if r["draft"] != cmp.BASELINE]
     for ax in figs["speedup_vs_k.png"].axes:
         assert ax.get_xlabel() and ax.get_title()
@@ -245,7 +247,7 @@ def check_outputs(out, n_configs: int) -> dict:
 
     import matplotlib.image
 
-    for name in cmp.PLOTS:
+    for name in report.PLOTS:
         img = matplotlib.image.imread(out / name)
         assert img.shape[0] > 200 and img.shape[1] > 300
     return record
@@ -267,7 +269,7 @@ def test_compare_cli_synthetic_then_report(tmp_path):
     res = CliRunner().invoke(main, ["report", str(out), "--out", str(again)])
     assert res.exit_code == 0, res.output
     assert (again / "summary.md").read_text() == (out / "summary.md").read_text()
-    assert all((again / name).stat().st_size > 0 for name in cmp.PLOTS)
+    assert all((again / name).stat().st_size > 0 for name in report.PLOTS)
 
 
 def test_compare_json_flag_and_config(tmp_path):

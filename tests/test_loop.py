@@ -12,10 +12,10 @@ from scipy import stats as sstats
 
 from specmac.api import Pair
 from specmac.backends.synthetic import SyntheticBackend
-from specmac.drafters import Drafter, ModelDrafter, NgramDrafter
+from specmac.chisquare import goodness_of_fit
+from specmac.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft
+from specmac.rejection import acceptance_probability
 from specmac.sampling import SamplingParams, sample, warp
-from specmac.stats import goodness_of_fit
-from specmac.verify import acceptance_probability
 
 L = 3  # tokens per sample
 
@@ -110,7 +110,7 @@ def test_negative_control_is_rejected_at_the_same_sample_size():
 @pytest.mark.parametrize("k", range(1, 9))
 def test_greedy_speculative_equals_greedy_autoregressive(k):
     pair = synthetic_pair(V=40, noise=0.5, eos_bias=-8)
-    base = Pair(pair.target, Drafter())
+    base = Pair(pair.target, NoDraft())
     greedy = SamplingParams(0.0)
     for prompt in ([1], [5, 6, 7], [30, 2]):
         spec = pair.generate(prompt, params=greedy, max_tokens=40, k=k)
@@ -254,7 +254,7 @@ def test_acceptance_tracks_the_analytic_rate():
 
 def test_adaptive_k_is_lossless_under_greedy_and_sampling():
     pair = synthetic_pair(V=40, noise=0.5, eos_bias=-8)
-    base = Pair(pair.target, Drafter())
+    base = Pair(pair.target, NoDraft())
     greedy = SamplingParams(0.0)
     spec = pair.generate([3, 4], params=greedy, max_tokens=48, k="auto")
     assert spec.token_ids == base.generate([3, 4], params=greedy, max_tokens=48).token_ids

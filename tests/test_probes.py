@@ -53,7 +53,7 @@ class VirtualClock(SyntheticBackend):
 @pytest.mark.parametrize("beta,expected", [(0.0, "parallel"), (0.1, "parallel"), (0.3, "partly serial"),
                                            (0.7, "partly serial"), (0.8, "serial"), (1.0, "serial")])
 def test_probe_fit_recovers_beta_exactly(beta, expected, monkeypatch):
-    monkeypatch.setattr("specmac.probes.latency.time.perf_counter", lambda: VirtualClock.now)
+    monkeypatch.setattr("specmac.timing.time.perf_counter", lambda: VirtualClock.now)
     r = probe_parallelism(VirtualClock(latency_ms=4.0, beta=beta), n_max=12, context=8, repeats=2)
     assert r["beta"] == pytest.approx(beta, abs=1e-9)
     assert r["t1_ms"] == pytest.approx(4.0, rel=1e-9)

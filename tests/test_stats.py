@@ -6,7 +6,7 @@ import sys
 import numpy as np
 from scipy import stats as sstats
 
-from specmac.stats import goodness_of_fit, min_detectable_tv, two_sample
+from specmac.chisquare import goodness_of_fit, min_detectable_tv, two_sample
 
 
 def test_two_sample_matches_scipy_contingency():

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from specmac.rejection import acceptance_probability, residual, verify_greedy, verify_sampled
 from specmac.sampling import SamplingParams, warp
-from specmac.verify import acceptance_probability, residual, verify_greedy, verify_sampled
 
 GREEDY = SamplingParams(0.0)
 

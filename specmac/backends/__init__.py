@@ -13,11 +13,18 @@ import importlib.metadata
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
 import numpy as np
 
-from specmac.errors import BackendNotInstalled, BadOption, UnknownBackend
+from specmac.errors import (
+    BackendNotInstalled,
+    BadOption,
+    BadTokens,
+    ContextOverflow,
+    SpecmacError,
+    UnknownBackend,
+)
 from specmac.vocab import Vocab
 
 ENTRY_POINT_GROUP = "specmac.backends"
@@ -38,27 +45,10 @@ REQUIRES: dict[str, tuple[str, ...]] = {
 }
 
 
-@runtime_checkable
-class Backend(Protocol):
-    name: str
-    vocab: Vocab
-    n_ctx: int
-
-    @property
-    def n_past(self) -> int: ...  # tokens currently in the KV cache
-    def score(self, tokens: Sequence[int]) -> np.ndarray: ...  # float32 [len(tokens), n_logits]
-    def prefill(self, tokens: Sequence[int]) -> np.ndarray: ...  # logits of the last token [n_logits]
-    def rewind(self, n_past: int) -> None: ...  # truncate the cache to n_past tokens
-    def reset(self) -> None: ...
-    def sync(self) -> None: ...  # barrier for honest timing
-    def encode(self, text: str) -> list[int]: ...
-    def decode(self, ids: Sequence[int]) -> str: ...
-    def info(self) -> dict: ...
-
-
 @dataclass(frozen=True)
 class Option:
-    """A backend option settable as ``--draft-opt key=value``; type is int, float, str or bool."""
+    """A backend option (``options={"key": value}``; on the command line ``--draft-opt key=value``);
+    type is int, float, str or bool."""
 
     type: type
     default: Any
@@ -84,7 +74,19 @@ class Option:
 
 
 class BaseBackend:
-    """Shared plumbing; subclasses implement score, rewind, encode, decode and set the fields."""
+    """The contract between the core and a model, and its shared plumbing.
+
+    A subclass sets ``vocab``, ``n_ctx`` (and ``model_id``, ``resolved``) and implements
+    ``n_past``, ``score``, ``rewind``, ``encode`` and ``decode``:
+
+    * ``score(tokens)`` appends tokens to the cache and returns float32 logits
+      [len(tokens), n_logits], one row per appended position, in one forward pass;
+    * ``rewind(n_past)`` truncates the cache to its first n_past tokens;
+    * ``prefill``, ``reset`` and ``sync`` have defaults below.
+
+    ``check_tokens`` holds the checks every backend makes before a pass, so that a bad id or an
+    overflowing context is the same error on every backend.
+    """
 
     name: ClassVar[str] = ""
     library: ClassVar[str] = ""  # distribution whose version results record
@@ -96,10 +98,52 @@ class BaseBackend:
 
     @property
     def n_past(self) -> int:
+        """Tokens currently in the KV cache."""
+        raise NotImplementedError
+
+    def score(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append tokens; float32 logits [len(tokens), n_logits] at every appended position."""
+        raise NotImplementedError
+
+    def rewind(self, n_past: int) -> None:
+        """Truncate the cache to its first n_past tokens."""
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append tokens; the logits of the last one [n_logits] (a backend may skip the others)."""
         return self.score(tokens)[-1]
+
+    def apply_chat_template(self, prompt: str) -> str:
+        """One user turn through the model's chat template, ready for generation."""
+        raise SpecmacError(f"chat: the {self.name} backend cannot apply a chat template: give the prompt "
+                           "without one", param="chat")
+
+    def check_tokens(self, tokens: Sequence[int], n_ids: int | None = None) -> list[int]:
+        """tokens as ints, after the checks every pass needs: at least one, each id below n_ids
+        (default the logit width; an out-of-range id is a device-side assert on cuda and an abort
+        in llama.cpp), and room in the context window."""
+        ids = [int(t) for t in tokens]
+        if not ids:
+            raise BadTokens("tokens is empty: a pass needs at least one token id", param="tokens")
+        n_ids = n_ids or self.vocab.n_logits or self.vocab.size
+        if min(ids) < 0 or max(ids) >= n_ids:
+            bad = next(t for t in ids if not 0 <= t < n_ids)
+            raise BadTokens(f"token id {bad} is outside this model's vocabulary: ids must be in "
+                            f"[0, {n_ids})", param="tokens")
+        if self.n_past + len(ids) > self.n_ctx:
+            raise ContextOverflow(f"{self.n_past + len(ids)} tokens exceed the context window "
+                                  f"n_ctx={self.n_ctx}: shorten the prompt or raise n_ctx", param="n_ctx")
+        return ids
+
+    def check_rewind(self, n_past: int) -> None:
+        if not 0 <= n_past <= self.n_past:
+            raise ValueError(f"cannot rewind to {n_past}: the cache holds {self.n_past}")
 
     def reset(self) -> None:
         self.rewind(0)
@@ -110,6 +154,12 @@ class BaseBackend:
     @classmethod
     def devices(cls) -> list[str]:
         return ["cpu"]
+
+    @classmethod
+    def peek_vocab(cls, model: str | None, role: str = "target", **options: Any) -> Vocab | None:
+        """The vocabulary without loading the weights, where the backend can read it alone
+        (None: it cannot, and the vocabulary is checked after loading)."""
+        return None
 
     @classmethod
     def parse_options(cls, raw: dict[str, Any]) -> dict[str, Any]:

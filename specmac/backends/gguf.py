@@ -20,7 +20,7 @@ import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from specmac.backends import BaseBackend, Option
-from specmac.errors import BadOption, ContextOverflow, ModelNotFound, SpecmacError
+from specmac.errors import BadOption, BadTokens, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
 
 GGUF_MAGIC = b"GGUF"
@@ -68,7 +68,7 @@ def resolve_model(model: str | None, role: str, quant: str) -> str:
         return str(path)
     if path.is_dir():
         raise ModelNotFound(f"{model} is a folder: the gguf backend needs a .gguf file "
-                            "(use --target torch or mlx for Hugging Face folders)")
+                            "(the torch and mlx backends load Hugging Face folders)")
     if HUB_FILE.match(model):
         return hub_file(model)
     raise ModelNotFound(f"model {model} not found: give a .gguf path or repo_id:filename from the hub")
@@ -248,28 +248,17 @@ class GGUFBackend(BaseBackend):
 
     def score(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits at every appended position: float32 [len(tokens), n_logits]."""
-        tokens = self._checked(tokens)
+        tokens = self.check_tokens(tokens)
         rows = [self._decode(tokens[i : i + self._n_batch], all_logits=True)
                 for i in range(0, len(tokens), self._n_batch)]
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens asking llama.cpp only for the last position's logits: float32 [n_logits]."""
-        tokens = self._checked(tokens)
+        tokens = self.check_tokens(tokens)
         for i in range(0, len(tokens), self._n_batch):
             out = self._decode(tokens[i : i + self._n_batch], all_logits=False)
         return out[-1]
-
-    def _checked(self, tokens: Sequence[int]) -> list[int]:
-        tokens = [int(t) for t in tokens]
-        if not tokens:
-            raise ValueError("score needs at least one token")
-        if min(tokens) < 0 or max(tokens) >= self._n_vocab:
-            raise ValueError(f"token ids must be in [0, {self._n_vocab})")
-        if self._n_past + len(tokens) > self.n_ctx:
-            raise ContextOverflow(f"{self._n_past + len(tokens)} tokens exceed the context window "
-                                  f"n_ctx={self.n_ctx}: shorten the prompt or raise n_ctx")
-        return tokens
 
     def _decode(self, tokens: list[int], all_logits: bool) -> np.ndarray:
         """One llama_decode; -> float32 [n_out, n_logits], n_out = len(tokens) or 1."""
@@ -287,8 +276,7 @@ class GGUFBackend(BaseBackend):
         return np.ctypeslib.as_array(ptr, shape=(n_out, self._n_vocab)).copy()
 
     def rewind(self, n_past: int) -> None:
-        if not 0 <= n_past <= self._n_past:
-            raise ValueError(f"cannot rewind to {n_past}: the cache holds {self._n_past}")
+        self.check_rewind(n_past)
         if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n_past, -1):
             raise RuntimeError(f"llama.cpp cannot truncate this model's cache to {n_past} (recurrent?)")
         self._n_past = n_past
@@ -310,8 +298,10 @@ class GGUFBackend(BaseBackend):
 
     def decode(self, ids: Sequence[int]) -> str:
         """ids -> text (UTF-8, invalid bytes replaced); a leading BOS added by encode is dropped."""
-        if any(not 0 <= i < self._n_vocab for i in ids):  # llama.cpp would abort on them
-            raise ValueError(f"token ids must be in [0, {self._n_vocab})")
+        if ids:  # llama.cpp would abort on an id outside the vocabulary
+            ids = [int(i) for i in ids]
+            if min(ids) < 0 or max(ids) >= self._n_vocab:
+                raise BadTokens(f"token ids must be in [0, {self._n_vocab})", param="ids")
         arr = (llama_cpp.llama_token * len(ids))(*ids)
         size = max(64, 8 * len(ids))
         for _ in range(2):
@@ -326,7 +316,8 @@ class GGUFBackend(BaseBackend):
         """One user turn through the GGUF's tokenizer.chat_template, ready for generation."""
         template = llama_cpp.llama_model_chat_template(self._model, None)
         if not template:
-            raise SpecmacError("this GGUF has no tokenizer.chat_template: drop --chat")
+            raise SpecmacError("chat: this GGUF has no tokenizer.chat_template: give the prompt without one",
+                               param="chat")
         tb = self.vocab.token_bytes
         bos = tb[self.vocab.bos_id].decode(errors="replace") if self.vocab.bos_id is not None else ""
         eos_id = llama_cpp.llama_vocab_eos(self._vocab_p)

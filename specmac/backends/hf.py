@@ -36,7 +36,7 @@ def resolve_model(model: str | None, role: str) -> str:
         return str(path)
     if path.exists():
         raise ModelNotFound(f"{model} is a file, not a model folder: point at a Hugging Face folder "
-                            "(use --target gguf for .gguf files)")
+                            "(the gguf backend loads .gguf files)")
     if HUB_ID.match(model) and not model.startswith((".", "~")):
         return model  # a hub id; downloaded by the library, may fail offline with its own message
     raise ModelNotFound(f"model {model} not found: give an existing folder or a hub id like org/name")
@@ -122,6 +122,6 @@ def apply_chat_template(tokenizer, prompt: str) -> str:
     from specmac.errors import SpecmacError
 
     if not getattr(tokenizer, "chat_template", None):
-        raise SpecmacError("this model has no chat template: drop --chat")
+        raise SpecmacError("chat: this model has no chat template: give the prompt without one", param="chat")
     return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)

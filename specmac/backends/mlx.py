@@ -97,13 +97,7 @@ class MLXBackend(BaseBackend):
 
     def score(self, tokens: Sequence[int]) -> np.ndarray:
         """One forward pass over ``tokens`` appended to the cache: float32 [len(tokens), n_logits]."""
-        tokens = [int(t) for t in tokens]
-        if not tokens:
-            raise ValueError("score needs at least one token")
-        if self._n_past + len(tokens) > self.n_ctx:
-            raise ValueError(f"{self._n_past + len(tokens)} tokens exceed n_ctx={self.n_ctx}")
-        if min(tokens) < 0 or max(tokens) >= self._n_embed:
-            raise ValueError(f"token ids must be in [0, {self._n_embed})")
+        tokens = self.check_tokens(tokens, self._n_embed)
         with mx.stream(self._stream):
             logits = self.model(mx.array([tokens]), cache=self._cache)[0].astype(mx.float32)
             mx.eval(logits)
@@ -114,8 +108,7 @@ class MLXBackend(BaseBackend):
         return out
 
     def rewind(self, n_past: int) -> None:
-        if not 0 <= n_past <= self._n_past:
-            raise ValueError(f"cannot rewind to {n_past}: the cache holds {self._n_past}")
+        self.check_rewind(n_past)
         n = self._n_past - n_past
         if n and trim_prompt_cache(self._cache, n) != n:  # a rotating cache past its window
             raise SpecmacError(f"the KV cache ({type(self._cache[0]).__name__}) cannot rewind {n} tokens "

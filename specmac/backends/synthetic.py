@@ -76,14 +76,8 @@ class SyntheticBackend(BaseBackend):
         return len(self.tokens)
 
     def score(self, tokens: Sequence[int]) -> np.ndarray:
-        tokens = [int(t) for t in tokens]
-        if not tokens:
-            raise ValueError("score needs at least one token")
+        tokens = self.check_tokens(tokens)
         V = self.vocab.size
-        if len(self.tokens) + len(tokens) > self.n_ctx:
-            raise ValueError(f"{len(self.tokens) + len(tokens)} tokens exceed n_ctx={self.n_ctx}")
-        if min(tokens) < 0 or max(tokens) >= V:
-            raise ValueError(f"token ids must be in [0, {V})")
         full = [V, V] + self.tokens + tokens
         last = np.array(full[-len(tokens):])
         prev = np.array(full[-len(tokens) - 1 : -1])
@@ -96,8 +90,7 @@ class SyntheticBackend(BaseBackend):
             time.sleep(self.resolved["latency_ms"] * (1 + self.resolved["beta"] * (n - 1)) / 1e3)
 
     def rewind(self, n_past: int) -> None:
-        if not 0 <= n_past <= len(self.tokens):
-            raise ValueError(f"cannot rewind to {n_past}: the cache holds {len(self.tokens)}")
+        self.check_rewind(n_past)
         del self.tokens[n_past:]
 
     def encode(self, text: str) -> list[int]:

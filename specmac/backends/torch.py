@@ -114,19 +114,11 @@ class TorchBackend(BaseBackend):
         return out.logits[0].float().cpu().numpy()
 
     def _check(self, tokens: Sequence[int]) -> torch.Tensor:
-        tokens = [int(t) for t in tokens]
-        if not tokens:
-            raise ValueError("score needs at least one token")
-        if self._n_past + len(tokens) > self.n_ctx:
-            raise ValueError(f"{self._n_past + len(tokens)} tokens exceed n_ctx={self.n_ctx}")
-        # an out-of-range id is a device-side assert on cuda, which kills the process
-        if min(tokens) < 0 or max(tokens) >= self.vocab.n_logits:
-            raise ValueError(f"token ids must be in [0, {self.vocab.n_logits})")
+        tokens = self.check_tokens(tokens)
         return torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, n]
 
     def rewind(self, n_past: int) -> None:
-        if not 0 <= n_past <= self._n_past:
-            raise ValueError(f"cannot rewind to {n_past}: the cache holds {self._n_past}")
+        self.check_rewind(n_past)
         if n_past == 0:
             self.cache = None  # cheaper than cropping everything, and frees the memory
         elif n_past < self._n_past:

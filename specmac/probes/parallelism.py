@@ -7,7 +7,7 @@ calls after the context"), so the probe costs ~3x fewer passes than timing each 
 
 Fit: T(n) = T1 * (1 + beta * (n - 1)) on the batched medians. beta is the extra cost of each
 extra token as a fraction of a one-token pass: 0 = the pass is free to widen, 1 = it costs as
-much as separate passes (serial). Verdict thresholds (``costmodel.BETA_PARALLEL/SERIAL``):
+much as separate passes (serial). Verdict thresholds (``costs.BETA_PARALLEL/SERIAL``):
 
 * beta < 0.25, **parallel**: verifying K + 1 = 5 tokens costs at most 2 one-token passes, so a
   good draft can still give a speedup of up to (K + 1) / (1 + beta K) -> 1/beta = 4x and more.
@@ -30,9 +30,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from specmac.backends import BaseBackend
-from specmac.costmodel import BETA_PARALLEL, BETA_SERIAL, fit_beta
+from specmac.costs import BETA_PARALLEL, BETA_SERIAL, fit_beta
 from specmac.errors import BadOption
-from specmac.probes.latency import check_context, probe_tokens, summary, timed
+from specmac.timing import check_context, probe_tokens, summary, timed
 
 NOISY = 0.15  # timings whose IQR is above this fraction of the median are not to be trusted
 
@@ -56,7 +56,7 @@ class SerialBackend(BaseBackend):
         self.name = inner.name
         self.library = inner.library
         self.vocab, self.n_ctx = inner.vocab, inner.n_ctx
-        self.model_id = getattr(inner, "model_id", "")
+        self.model_id = inner.model_id
         self.resolved = dict(getattr(inner, "resolved", {}))
 
     @property
@@ -134,9 +134,11 @@ def probe_parallelism(backend: BaseBackend, *, n_max: int = 16, context: int = 2
     curve, ~1 by construction: the probe's check on itself), max_abs_logit_diff, argmax_flips.
     """
     if not 1 <= n_max <= 256:
-        raise BadOption(f"--n-max {n_max} is out of range: use 1..256")
-    if repeats < 1 or warmup < 0:
-        raise BadOption(f"--repeats {repeats} is out of range: use an integer >= 1")
+        raise BadOption(f"n_max {n_max} is out of range: use 1..256", param="n_max")
+    if repeats < 1:
+        raise BadOption(f"repeats {repeats} is out of range: use an integer >= 1", param="repeats")
+    if warmup < 0:
+        raise BadOption(f"warmup {warmup} is out of range: use an integer >= 0", param="warmup")
     check_context(backend, context, n_max)
     ids = probe_tokens(backend, context + n_max)
     toks, ns = ids[context:], list(range(1, n_max + 1))

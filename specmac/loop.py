@@ -1,8 +1,11 @@
-"""The speculative loop: drafter -> one batched target pass -> verify -> rewind. Yields events.
+"""The speculative loop: drafter -> one batched target pass -> the rejection rule -> rewind.
 
 Invariant between steps: the target's cache holds seq[:-1]; seq[-1] is the next token it scores.
-With the ``Drafter`` that drafts nothing this is plain autoregressive decoding, so the baseline
-and the speculative path share one sampler, one set of stop rules and one event stream.
+With the drafter that drafts nothing (``NoDraft``) this is plain autoregressive decoding, so the
+baseline and the speculative path share one sampler, one set of stop rules and one event stream.
+Greedy or sampled is decided once, by ``params.greedy``: it picks the default rule, whether the
+rule reads raw logit rows (the argmax; warping keeps it) or warped probabilities, and whether the
+drafter returns q.
 """
 
 from __future__ import annotations
@@ -15,16 +18,18 @@ import numpy as np
 
 from specmac.backends import BaseBackend
 from specmac.drafters import Drafter
-from specmac.errors import ContextOverflow
+from specmac.errors import BadTokens, ContextOverflow
+from specmac.policy import FixedK, KPolicy
+from specmac.rejection import VerifyRule, verify_greedy, verify_sampled
 from specmac.sampling import SamplingParams, WarpedRows
-from specmac.verify import VerifyRule, verify_greedy, verify_sampled
 from specmac.vocab import align_logits
 
 
 @dataclass
 class Event:
     """One step. kinds[i] of tokens[i]: accepted (draft kept), corrected (target's resample at
-    the first rejection), bonus (after all drafts were kept) or target (no drafts this step)."""
+    the first rejection), bonus (after all drafts were kept) or target (no drafts this step).
+    A step that stops at the context window before any pass has n_passes 0 and no tokens."""
 
     tokens: list[int]
     kinds: list[str]
@@ -36,17 +41,7 @@ class Event:
     t_other: float
     finish_reason: str | None = None  # eos | length | context, on the last event
     t_prefill: float = 0.0  # prompt processing, on the first event
-
-
-class FixedK:
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def next_k(self) -> int:
-        return self.k
-
-    def update(self, event: Event) -> None:
-        pass
+    n_passes: int = 1  # target passes this step made
 
 
 @dataclass
@@ -61,17 +56,19 @@ class _Clock:
 
 def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[int], *,
                       params: SamplingParams, max_tokens: int, rng: np.random.Generator,
-                      k: int | FixedK = 4, rule: VerifyRule | None = None) -> Iterator[Event]:
-    """Generate up to max_tokens tokens after ``prompt`` (EOS is not emitted)."""
+                      k: int | KPolicy = 4, rule: VerifyRule | None = None) -> Iterator[Event]:
+    """Generate up to max_tokens tokens after ``prompt`` (EOS is not emitted). ``rule`` replaces
+    the rejection rule (tests plant wrong rules here); it reads rows as ``params`` decides."""
     policy = FixedK(k) if isinstance(k, int) else k
-    rule = rule or (verify_greedy if params.greedy else verify_sampled)
+    greedy = params.greedy
+    rule = rule or (verify_greedy if greedy else verify_sampled)
     V, eos = target.vocab.size, target.vocab.eos_ids
     seq, n_out = list(prompt), 0
     if not seq:
-        raise ContextOverflow("the prompt is empty: give at least one token of text")
+        raise BadTokens("the prompt is empty: give at least one token of text", param="prompt")
     if len(seq) > target.n_ctx:
         raise ContextOverflow(f"the prompt has {len(seq)} tokens but the context window is "
-                              f"{target.n_ctx}: shorten it or raise n_ctx")
+                              f"{target.n_ctx}: shorten it or raise n_ctx", param="prompt")
     target.reset()
     drafter.trim(0)
     try:
@@ -82,7 +79,9 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
         while n_out < max_tokens:
             room = target.n_ctx - len(seq)  # a step adds k + 1 rows to len(seq) - 1 cached
             if room < 0:
-                yield Event([], [], 0, 0, 0, 0.0, 0.0, 0.0, "context", t_prefill)
+                yield Event(tokens=[], kinds=[], k=0, n_drafted=0, n_accepted=0, t_draft=0.0,
+                            t_verify=0.0, t_other=0.0, finish_reason="context", t_prefill=t_prefill,
+                            n_passes=0)
                 return
             kk = max(0, min(policy.next_k(), max_tokens - n_out - 1, room, drafter.max_k(len(seq))))
             clock = _Clock()
@@ -91,8 +90,7 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
             logits = target.score([seq[-1], *drafts])  # [len(drafts) + 1, n_logits]
             t_verify = clock.lap()
             rows = align_logits(logits, V)
-            # the greedy rule reads only the argmax, which warping keeps: no probabilities needed
-            a, nxt = rule(drafts, q, rows if rule is verify_greedy else WarpedRows(rows, params), rng)
+            a, nxt = rule(drafts, q, rows if greedy else WarpedRows(rows, params), rng)
             new = drafts[:a] + [nxt]
             kinds = ["accepted"] * a + ["corrected" if a < len(drafts) else "bonus" if drafts else "target"]
             stop = next((i for i, t in enumerate(new) if t in eos), None)
@@ -102,7 +100,9 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
             n_out += len(new)
             target.rewind(len(seq) - 1)
             done = "eos" if stop is not None else "length" if n_out >= max_tokens else None
-            event = Event(new, kinds, kk, len(drafts), a, t_draft, t_verify, clock.lap(), done, t_prefill)
+            event = Event(tokens=new, kinds=kinds, k=kk, n_drafted=len(drafts), n_accepted=a,
+                          t_draft=t_draft, t_verify=t_verify, t_other=clock.lap(), finish_reason=done,
+                          t_prefill=t_prefill)
             t_prefill = 0.0
             policy.update(event)
             yield event

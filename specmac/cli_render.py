@@ -1,4 +1,5 @@
-"""What the CLI commands do, kept out of cli.py so that it stays parse-call-render."""
+"""What the CLI prints: prompt input, streamed coloured text, the stats block, verify's table and
+verdict, the backends list. Kept out of cli.py so that it stays parse-call-render."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from pathlib import Path
 import click
 
 from specmac.api import Pair
-from specmac.drafters import Drafter
 from specmac.errors import SpecmacError
-from specmac.metrics import RunStats
+from specmac.loop import Event
+from specmac.policy import AdaptiveK, FixedK, KPolicy
+from specmac.runstats import RunStats
 from specmac.sampling import SamplingParams
-from specmac.speculative import Event
 
 LEGEND = {"accepted": "accepted draft", "corrected": "target correction", "bonus": "bonus token"}
 STYLE = {"accepted": "green", "corrected": "red", "bonus": "cyan", "target": None}
@@ -50,13 +51,6 @@ def _read_text(path: str) -> str:
         raise SpecmacError(f"--prompt-file {path} is not UTF-8 text: convert it to UTF-8") from None
     except OSError as e:
         raise SpecmacError(f"cannot read --prompt-file {path}: {e.strerror}") from None
-
-
-def apply_chat_template(target, prompt: str) -> str:
-    template = getattr(target, "apply_chat_template", None)
-    if template is None:
-        raise SpecmacError(f"the {target.name} backend cannot apply a chat template: drop --chat")
-    return template(prompt)
 
 
 # --- streaming text --------------------------------------------------------------------------
@@ -136,8 +130,10 @@ def generate_events(pair: Pair, ids: list[int], on_event: Callable[[Event], None
     return events, False
 
 
-def summarize(events: list[Event], k, speculative: bool, interrupted: bool) -> tuple[RunStats, dict]:
-    stats = RunStats(k=k if isinstance(k, int) else getattr(k, "label", "auto"))
+def summarize(events: list[Event], k: KPolicy | None, speculative: bool,
+              interrupted: bool) -> tuple[RunStats, dict]:
+    fixed = k.k if isinstance(k, FixedK) else None
+    stats = RunStats(k=fixed if fixed is not None or k is None else getattr(k, "label", "auto"))
     for e in events:
         stats.add(e)
     if interrupted:
@@ -145,12 +141,12 @@ def summarize(events: list[Event], k, speculative: bool, interrupted: bool) -> t
     d = stats.to_dict(speculative)
     if not speculative:
         d["k"] = None  # no drafts were asked for
-    elif isinstance(k, int):  # one number per draft position, even if never reached
-        d["per_position_acceptance"] = (d["per_position_acceptance"] + [None] * k)[:k]
+    elif fixed is not None:  # one number per draft position, even if never reached
+        d["per_position_acceptance"] = (d["per_position_acceptance"] + [None] * fixed)[:fixed]
     return stats, d
 
 
-def run(pair: Pair, prompt: str, *, params: SamplingParams, k, max_tokens: int, seed: int,
+def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_tokens: int, seed: int,
         baseline: bool, as_json: bool, color: bool, meta: dict) -> int:
     """Stream one generation (and optionally the baseline); return the exit status."""
     ids = pair.encode(prompt)
@@ -172,10 +168,10 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k, max_tokens: int, 
     result = {"prompt": prompt, "n_prompt_tokens": len(ids), "text": pair.target.decode(token_ids),
               "token_ids": token_ids, **sd, "wall_seconds": wall, "sampling": params.to_dict(),
               "seed": seed, **pair.info(), **meta}
-    if hasattr(k, "info"):  # an adaptive policy: what it learned and the K it chose
+    if isinstance(k, AdaptiveK):  # what it learned and the K it chose
         result["k_policy"] = k.info()
     if baseline and not interrupted:
-        base_events, interrupted = generate_events(Pair(pair.target, Drafter()), ids, params=params,
+        base_events, interrupted = generate_events(pair.baseline(), ids, params=params,
                                                    max_tokens=max_tokens, seed=seed)
         _, bd = summarize(base_events, None, False, interrupted)
         result["baseline"] = bd

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specmac.speculative import Event
+from specmac.loop import Event
 
 
 @dataclass
@@ -27,11 +27,8 @@ class RunStats:
 
     def add(self, e: Event) -> None:
         self.t_prefill += e.t_prefill
-        if e.finish_reason == "context" and not e.tokens and not e.n_drafted and not e.t_verify:
-            self.finish_reason = "context"
-            return
         self.n_tokens += len(e.tokens)
-        self.n_target_passes += 1
+        self.n_target_passes += e.n_passes
         self.n_drafted += e.n_drafted
         self.n_accepted += e.n_accepted
         grow = e.n_drafted - len(self.reached)

@@ -1,7 +1,7 @@
-"""Per-token cost of the draft and the target: T_draft(1), T_target(1), c = T_draft / T_target.
+"""The clock discipline over the backend contract, shared by the probes and ``k="auto"``.
 
-Timing discipline: a fixed prefill, warm-up calls, ``sync()`` before reading the clock, several
-repeats, median and spread (interquartile range).
+A fixed prefill, warm-up calls, ``sync()`` before and after reading the clock, several repeats,
+median and spread (interquartile range). Pure Python over ``BaseBackend``: no framework.
 """
 
 from __future__ import annotations
@@ -50,11 +50,12 @@ def summary(samples_s: Sequence[float]) -> dict:
 
 
 def check_context(backend: BaseBackend, context: int, extra: int) -> None:
+    """``context`` prefilled tokens plus ``extra`` probed ones must fit the context window."""
     if context < 1:
-        raise BadOption(f"--context {context} is out of range: use an integer >= 1")
+        raise BadOption(f"context {context} is out of range: use an integer >= 1", param="context")
     if context + extra > backend.n_ctx:
-        raise BadOption(f"--context {context} + {extra} probe tokens exceed the {backend.name} "
-                        f"backend's context window of {backend.n_ctx}: lower --context")
+        raise BadOption(f"context {context} + {extra} probe tokens exceed the {backend.name} "
+                        f"backend's context window of {backend.n_ctx}: lower context", param="context")
 
 
 def time_single(backend: BaseBackend, *, context: int = 64, repeats: int = 10,
@@ -72,13 +73,3 @@ def time_single(backend: BaseBackend, *, context: int = 64, repeats: int = 10,
             samples.append(dt)
     backend.reset()
     return summary(samples)
-
-
-def measure_latency(draft: BaseBackend, target: BaseBackend, *, context: int = 64,
-                    repeats: int = 10) -> dict:
-    """T_draft(1), T_target(1) (medians, ms) and their ratio c."""
-    d = time_single(draft, context=context, repeats=repeats)
-    t = time_single(target, context=context, repeats=repeats)
-    return {"t_draft_ms": d["median_ms"], "t_draft_iqr_ms": d["iqr_ms"],
-            "t_target_ms": t["median_ms"], "t_target_iqr_ms": t["iqr_ms"],
-            "c": d["median_ms"] / t["median_ms"]}

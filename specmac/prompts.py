@@ -1,0 +1,66 @@
+"""The prompts shipped with the package (specmac/data/prompts.json): code and prose, alternating."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from specmac.errors import BadOption
+
+N_ADVISE = 4  # advise measures acceptance on the first prompts of a set
+
+
+def default_prompts() -> list[dict]:
+    """A dozen {"id", "kind", "text"} prompts, code and prose alternating (compare's default set)."""
+    return json.loads(resources.files("specmac").joinpath("data", "prompts.json").read_text("utf-8"))
+
+
+def advise_prompts() -> list[str]:
+    """The texts advise measures acceptance on by default: the first four of the packaged set
+    (code and prose alternating), so one easy text does not set alpha."""
+    return [p["text"] for p in default_prompts()[:N_ADVISE]]
+
+
+def read_prompts(path: str | None, limit: int | None = None) -> list[dict]:
+    """Prompts from a .json file (a list of strings or of {"id", "text"} objects) or a text file
+    (prompts separated by lines holding only ``---``); None gives the default set."""
+    if path is None:
+        prompts = default_prompts()
+    else:
+        try:
+            text = Path(path).read_text("utf-8")
+        except OSError as e:
+            raise BadOption(f"cannot read prompts file {path}: {e.strerror}", param="prompts_path") from None
+        prompts = _parse_prompts(text, json_file=path.endswith(".json"), source=path)
+    if limit is not None:
+        if limit < 1:
+            raise BadOption(f"n_prompts {limit} is out of range: use an integer >= 1", param="n_prompts")
+        prompts = prompts[:limit]
+    return prompts
+
+
+def _parse_prompts(text: str, *, json_file: bool, source: str) -> list[dict]:
+    if json_file:
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BadOption(f"prompts file {source} is not valid JSON ({e.msg}, line {e.lineno})",
+                            param="prompts_path") from None
+    else:
+        blocks = "\n".join("\x00" if line.strip() == "---" else line for line in text.splitlines())
+        items = [b.strip("\n") for b in blocks.split("\x00")]
+    out = []
+    for i, item in enumerate(items if isinstance(items, list) else [None]):
+        if isinstance(item, str):
+            item = {"text": item}
+        if not isinstance(item, dict) or not isinstance(item.get("text"), str):
+            raise BadOption(f"prompts file {source}: entry {i} is not a string or an object with 'text'",
+                            param="prompts_path")
+        if item["text"].strip():
+            out.append({"id": str(item.get("id", f"p{i}")), "kind": item.get("kind", ""),
+                        "text": item["text"]})
+    if not out:
+        raise BadOption(f"prompts file {source} holds no prompt: give at least one non-empty prompt",
+                        param="prompts_path")
+    return out
