@@ -1,0 +1,132 @@
+"""The package's layers, read from its own imports with ast (imports inside functions included).
+
+Top to bottom: CLI -> measurement -> API -> core (pure numpy) -> backends -> types (errors,
+vocabularies, the embedded pair's files). A module imports only from its own layer or below, no
+module imports in a circle, only backend modules import an ML framework, and modules stay small.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "specmac"
+FRAMEWORKS = {"torch", "mlx", "mlx_lm", "llama_cpp", "transformers", "gguf", "accelerate", "safetensors"}
+MAX_LINES = 450
+
+# (layer, rank, how a module name is recognised); the first match wins, higher rank = higher layer
+LAYERS = [
+    ("cli", 5, lambda m: m.startswith(("specmac.cli", "specmac.__main__"))),
+    ("measurement", 4, lambda m: m.startswith(("specmac.probes", "specmac.advise", "specmac.compare",
+                                               "specmac.report", "specmac.proof", "specmac.results"))),
+    ("api", 3, lambda m: m in ("specmac.api", "specmac.calibration")),
+    ("types", 0, lambda m: m in ("specmac.errors", "specmac.vocab") or m.startswith("specmac.assets")),
+    ("backends", 1, lambda m: m.startswith("specmac.backends")),
+    ("core", 2, lambda m: m in CORE),
+]
+CORE = {f"specmac.{n}" for n in ("loop", "rejection", "sampling", "drafters", "policy", "costs", "replay",
+                                 "runstats", "chisquare", "timing", "prompts")}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def layer(mod: str) -> tuple[str, int]:
+    for name, rank, match in LAYERS:
+        if match(mod):
+            return name, rank
+    raise AssertionError(f"{mod} belongs to no layer: add it to LAYERS in tests/test_layering.py")
+
+
+def imports(mod: str) -> tuple[set[str], set[str]]:
+    """(specmac modules imported, frameworks imported) anywhere in the module."""
+    path = MODULES[mod]
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names)
+    ours, frameworks = set(), set()
+    for name in found:
+        if name.split(".")[0] in FRAMEWORKS:
+            frameworks.add(name.split(".")[0])
+        while name and name not in MODULES:
+            name = name.rpartition(".")[0]
+        if name and name not in (mod, "specmac"):  # the package face (__version__) is exempt
+            ours.add(name)
+    return ours, frameworks
+
+
+GRAPH = {m: imports(m) for m in MODULES if m != "specmac"}
+
+
+def upward(mod: str, graph: dict) -> list[str]:
+    rank = layer(mod)[1]
+    return [f"{dep} ({layer(dep)[0]})" for dep in sorted(graph[mod][0]) if layer(dep)[1] > rank]
+
+
+def circle(graph: dict) -> list[str] | None:
+    """One import circle of ``graph`` (module -> (imports, frameworks)), or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for dep in sorted(graph[m][0]):
+            if state.get(dep) == 1:
+                return path[path.index(dep):] + [dep]
+            if dep not in state and (found := visit(dep, path + [dep])):
+                return found
+        state[m] = 2
+        return None
+
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m, [m]))), None)
+
+
+def test_every_module_has_a_layer():
+    for mod in GRAPH:
+        layer(mod)
+
+
+@pytest.mark.parametrize("mod", sorted(GRAPH))
+def test_imports_point_down(mod):
+    bad = upward(mod, GRAPH)
+    assert not bad, f"{mod} ({layer(mod)[0]}) imports from a higher layer: {', '.join(bad)}"
+
+
+@pytest.mark.parametrize("mod", sorted(GRAPH))
+def test_only_backends_import_frameworks(mod):
+    frameworks = GRAPH[mod][1]
+    if layer(mod)[0] != "backends":
+        assert not frameworks, f"{mod} imports {sorted(frameworks)}: only backend modules may"
+
+
+def test_no_import_circle():
+    found = circle(GRAPH)
+    assert found is None, "import circle: " + " -> ".join(found or [])
+
+
+@pytest.mark.parametrize("mod", sorted(GRAPH))
+def test_modules_stay_small(mod):
+    n = len(MODULES[mod].read_text("utf-8").splitlines())
+    assert n <= MAX_LINES, f"{mod} has {n} lines: split it by job (at most ~400)"
+
+
+def test_the_checks_have_power():
+    """A planted upward import and a planted circle are caught, so the checks above can fail."""
+    planted = {**GRAPH, "specmac.loop": ({"specmac.api"}, set()), "specmac.api": ({"specmac.loop"}, set())}
+    assert upward("specmac.loop", planted) == ["specmac.api (api)"]
+    assert circle(planted) is not None
+    assert circle({"a": ({"b"}, set()), "b": ({"c"}, set()), "c": ({"a"}, set())}) == ["a", "b", "c", "a"]
