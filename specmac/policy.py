@@ -57,16 +57,17 @@ class AdaptiveK:
     to that curve). Uncalibrated, a short warm-up visits K = 2, 6 and 16 so the line has a slope
     and the widest pass is known, and every ``explore_every`` steps a neighbour of the current
     best is tried.
-    When no K is predicted to beat target-only decoding, even at an optimistic acceptance, it
-    drafts nothing (K = 0, plain decoding) until the fading counts make drafting worth a try
-    again; ``k_min=1`` always drafts.
+    When no K is predicted to beat target-only decoding it drafts nothing (K = 0, plain
+    decoding), and tries drafting again only within an exploration budget (``budget``, a share
+    of the time decoded, see ``_best``); ``k_min=1`` always drafts.
     """
 
     label = "auto"
 
     def __init__(self, k_max: int = K_MAX, k_init: int = 4, warmup: Sequence[int] = (2, 6, K_MAX),
                  decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 1.0,
-                 explore_every: int = 16, k_min: int = 0, off_z: float = 1.64) -> None:
+                 explore_every: int = 16, k_min: int = 0, off_z: float = 1.64,
+                 budget: float = 0.03) -> None:
         self.k_max = int(min(max(k_max, 1), K_MAX))
         if k_min not in (0, 1):
             raise ValueError(f"k_min {k_min!r} is out of range: use 0 (may stop drafting) or 1")
@@ -95,6 +96,8 @@ class AdaptiveK:
         self.resid_sum = self.resid_n = 0.0
         self.draft_fixed_sum = self.draft_fixed_n = 0.0  # a step's draft time beyond its passes
         self.calibration_s = 0.0  # what measuring the costs took (set by whoever measured them)
+        # exploration budget: seconds decoded, and seconds drafting lost against plain decoding
+        self.budget, self.elapsed, self.lost = float(budget), 0.0, 0.0
 
     def set_costs(self, t_target: Sequence[float], t_draft1: float) -> None:
         """Start from known costs (seconds): the target's pass T_t(n) for n = 1..len(t_target) and
@@ -177,16 +180,27 @@ class AdaptiveK:
         e = np.cumsum(m)[ks]
         return e * curve[1] / ((ks + m[ks]) * self.t_draft1() + self.t_draft_fixed() + curve[ks + 1])
     def _best(self) -> int:
-        """argmax S(K), or 0 (draft nothing) when no K pays even at the optimistic acceptance
-        (``k_min`` 0). While at 0 the counts fade, alpha_high rises and a K >= 1 is tried again,
-        so a pessimistic start is not final; a draft that cannot pay even when always accepted
-        (c too high for the target's curve) is never tried."""
+        """argmax S(K) where the posterior expects that K to pay (or always, with ``k_min`` 1).
+
+        Where no K is expected to pay, drafting is a bet on a higher acceptance than the
+        posterior's: it is tried (at the K that pays best at the optimistic acceptance) only when
+        that K pays there and the step's worst case (every draft rejected) fits the exploration
+        budget: ``budget`` of the time decoded so far, less what drafting has lost against plain
+        decoding so far (gains count back). So trying never costs more than ``budget`` overall,
+        even where only a wide K could pay (on Qwen Q4_K_M, trying K = 15 on optimism ran at 0.65x
+        of target-only). Otherwise 0, plain decoding; as the counts fade and time accrues, a try
+        comes again, and a draft that cannot pay even when always accepted is never tried."""
         curve = self._curve()
         s = self._speedups(curve=curve)
         k = int(np.argmax(s)) + 1
-        if self.k_min == 0 and s[k - 1] < 1.0 and self._speedups(True, curve).max() < 1.0:
-            return 0
-        return k
+        if self.k_min or s[k - 1] >= 1.0:
+            return k
+        hope = self._speedups(True, curve)
+        ks = np.arange(1, self.k_max + 1)
+        worst = ks * self.t_draft1() + self.t_draft_fixed() + curve[ks + 1] - curve[1]  # 1 token kept
+        room = self.budget * self.elapsed - self.lost
+        ok = (hope >= 1.0) & (worst <= room)
+        return int(ks[ok][np.argmax(hope[ok])]) if ok.any() else 0
 
     # --- the policy ---------------------------------------------------------------------
     def next_k(self) -> int:
@@ -197,6 +211,10 @@ class AdaptiveK:
         self.steps += 1
         self.history.append(event.k)
         d, a = event.n_drafted, event.n_accepted
+        step = event.t_draft + event.t_verify + event.t_other
+        self.elapsed += step
+        if d > 0:  # what plain decoding would have paid for these tokens, as the curve says now
+            self.lost += step - len(event.tokens) * float(self._curve()[1])
         self.acc = self.decay * self.acc + a
         self.trials = self.decay * self.trials + a + (1 if a < d else 0)
         # the first step's draft time includes the prompt's prefill, and a step after steps that
@@ -237,4 +255,5 @@ class AdaptiveK:
         return {"policy": self.label, "alpha": self.alpha, "alpha_high": self.alpha_high(),
                 "k_min": self.k_min, "t_draft1_ms": self.t_draft1() * 1e3,
                 "t_target1_ms": self.t_target(1) * 1e3, "calibrated": self.prior is not None,
-                "calibration_s": self.calibration_s, "k_history": list(self.history)}
+                "calibration_s": self.calibration_s, "exploration_lost_s": self.lost,
+                "k_history": list(self.history)}

@@ -34,26 +34,50 @@ def auto() -> AdaptiveK:
     return policy
 
 
-@pytest.mark.parametrize("n_tokens", [64, 128, 256])
-def test_auto_keeps_up_with_the_best_fixed_k_on_a_real_pair(n_tokens):
-    ratios = []
+def ratios(n_tokens: int, t_pass=T_PASS, t_d1=T_D1) -> list[float]:
+    """Per trace: auto's tokens/s over the best of every fixed K = 1..16 and target-only."""
+    out = []
     for trace in DATA["traces"]:
-        n = min(n_tokens, trace["n_tokens"])
-        best = max(replay(trace["match"], k, n) for k in range(1, 17))
-        ratios.append(replay(trace["match"], auto(), n) / best)
-    # learning acceptance costs a few steps, a larger share of a short text; the point-estimate
-    # policy this replaced scored a minimum of 0.82-0.84 here
-    assert min(ratios) >= 0.86, ratios
-    assert np.mean(ratios) >= 0.92, ratios
+        n, m = min(n_tokens, trace["n_tokens"]), trace["match"]
+
+        def tps(policy, m=m, n=n):
+            return replay_greedy(m, policy, n, t_pass, t_d1, 2 * t_d1 if t_pass is not T_PASS else T_D2,
+                                 t_other=2e-4)
+
+        policy = AdaptiveK()
+        policy.set_costs(t_pass, t_d1)
+        out.append(tps(policy) / max(tps(k) for k in range(0, 17)))
+    return out
+
+
+@pytest.mark.parametrize("n_tokens", [64, 128, 256])
+def test_auto_never_costs_where_nothing_pays(n_tokens):
+    """On Qwen Q4_K_M's measured costs no K beats the target alone (the best fixed K reaches 0.5-0.99
+    of it): auto must stay within 5% of target-only. Trying K = 15 on optimism cost 35% before."""
+    r = ratios(n_tokens)
+    assert min(r) >= 0.95, r
+
+
+@pytest.mark.parametrize("n_tokens,worst,mean", [(64, 0.7, 0.78), (256, 0.84, 0.9)])
+def test_auto_finds_speculation_where_it_pays(n_tokens, worst, mean):
+    """The same acceptance strings with a parallel target (beta 0.2, as F16 here) and a cheap draft
+    (c = 0.25): drafting pays, and auto must find it. Learning acceptance from a weak prior costs
+    a few narrow steps, a larger share of a short text (measured: 0.72-0.86 at 64 tokens,
+    0.85-0.96 at 256)."""
+    t_pass = T_PASS[0] * (1 + 0.2 * np.arange(17))
+    r = ratios(n_tokens, t_pass, 0.25 * T_PASS[0])
+    assert min(r) >= worst and np.mean(r) >= mean, r
 
 
 def test_rejections_do_not_end_a_wide_k():
-    """Two fully accepted K = 15 steps (30 of 30) and then two rejections at the first position:
-    the posterior still puts the run length past 15 often enough to keep the cheap wide pass (the
-    point estimate, 0.92 after the prior, fell back to K = 2)."""
-    policy = auto()
-    full = Event([0] * 16, ["accepted"] * 16, 15, 15, 15, 15 * T_D1, T_PASS[15], 1e-3)
-    miss = Event([0], ["corrected"], 15, 15, 0, 15 * T_D1, T_PASS[15], 1e-3)
+    """Where a wide K pays (a nearly parallel target, a cheap draft): two fully accepted K = 15
+    steps (30 of 30) and then two rejections at the first position leave K wide (the point
+    estimate of acceptance, 0.92 after the prior, fell back to K = 2)."""
+    t_pass, t_d1 = T_PASS[0] * (1 + 0.05 * np.arange(17)), 0.1 * T_PASS[0]
+    policy = AdaptiveK()
+    policy.set_costs(t_pass, t_d1)
+    full = Event([0] * 16, ["accepted"] * 16, 15, 15, 15, 15 * t_d1, t_pass[15], 1e-3)
+    miss = Event([0], ["corrected"], 15, 15, 0, 15 * t_d1, t_pass[15], 1e-3)
     for event in (full, full, miss, miss):
         policy.update(event)
-    assert policy.next_k() == 15
+    assert policy.next_k() >= 8

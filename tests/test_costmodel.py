@@ -186,7 +186,11 @@ def test_adaptive_k_vectorised_choice_matches_the_model():
         a = int(rng.integers(0, d + 1))
         policy.update(Event([0] * (a + 1), ["accepted"] * a + ["corrected"], d, d, a,
                             d * 2e-4, 1e-3 * (1 + 0.3 * d) * rng.uniform(0.9, 1.1), 5e-5))
-        assert policy.next_k() == int(np.argmax(policy._speedups())) + 1
+        s, hope = policy._speedups(), policy._speedups(True)
+        if s.max() >= 1.0:  # some K is expected to pay: the best one
+            assert policy.next_k() == int(np.argmax(s)) + 1
+        else:  # none is: plain decoding, or a try at a K that pays at the optimistic acceptance
+            assert policy.next_k() == 0 or hope[policy.next_k() - 1] >= 1.0
 
 
 def test_reasons_blame_each_cost_alone_first():
@@ -268,8 +272,9 @@ def test_replay_greedy_by_hand():
 
 
 def test_policy_stops_drafting_when_nothing_pays_and_tries_again_later():
-    """Rejections make every K a loss: the policy drafts nothing (K = 0). The counts then fade and
-    the optimistic acceptance rises, so drafting is tried again; a perfect run keeps it on."""
+    """Rejections make every K a loss: the policy drafts nothing (K = 0). The counts then fade,
+    the optimistic acceptance rises and, once what drafting lost (9.6 s) is within 3% of the time
+    decoded, drafting is tried again; a perfect run keeps it on."""
     policy = AdaptiveK()
     policy.set_costs([1.0 + 0.3 * n for n in range(17)], 0.1)  # pays only at high acceptance
     assert policy.next_k() >= 1
@@ -280,7 +285,7 @@ def test_policy_stops_drafting_when_nothing_pays_and_tries_again_later():
     while policy.next_k() == 0:
         policy.update(Event([0], ["target"], 0, 0, 0, 0.0, 1.3, 0.0))
         off += 1
-        assert off < 200, "never drafts again"
+        assert off < 400, "never drafts again"
     assert off > 5  # not on the next step: one rejection run is evidence
     for _ in range(20):
         k = policy.next_k()
