@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
+
 from specmac.api import Pair
 from specmac.drafters import NoDraft
 from specmac.probes import probe_parallelism
@@ -25,7 +27,6 @@ from specmac.results import model_files, provenance, write_json
 from specmac.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
-DRAFT, TARGET = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 CODE_PROMPTS = ["import numpy as np\n\n\ndef normalize(x):\n    \"\"\"Scale x to unit length.\"\"\"\n",
                 "def quicksort(xs):",
                 "def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n"]
@@ -33,12 +34,12 @@ CODE_PROMPTS = ["import numpy as np\n\n\ndef normalize(x):\n    \"\"\"Scale x to
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache/specmac/models")
+    add_models_dir(ap)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--out", type=Path, default=REPO / "tests/data/qwen_greedy_acceptance.json")
     args = ap.parse_args()
     one = {"n_threads": 1}  # as bench/advise_vs_measured.py: one thread per model on 2 shared cores
-    target_model, draft_model = str(args.models_dir / TARGET), str(args.models_dir / DRAFT)
+    target_model, draft_model = str(args.models_dir / QWEN_15B_GGUF), str(args.models_dir / QWEN_05B_GGUF)
     pair = Pair.load("gguf", "gguf", target_model=target_model, draft_model=draft_model,
                      target_options=one, draft_options=one)
     draft = pair.drafter.backend

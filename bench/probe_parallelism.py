@@ -7,8 +7,8 @@ rerun (--only) keeps the other rows.
 
     python bench/probe_parallelism.py [--only LABEL ...] [--quick] [--models-dir DIR]
 
-Models: the embedded pair (specmac/assets) and, from --models-dir (default
-~/.cache/specmac/models, made by ../shared/models/materialize.sh), the official
+Models: the embedded pair (specmac/assets) and, from --models-dir (bench/models.py: $SPECMAC_MODELS,
+default ~/.cache/specmac/models, made by ../shared/models/materialize.sh), the official
 Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF file qwen2.5-coder-1.5b-instruct-q4_k_m.gguf (SHA-256 in each
 record) and, for torch and mlx, an HF folder converted from it with transformers' GGUF loader
 (qwen2.5-coder-1.5b-instruct-hf). Configurations whose model or backend is missing are skipped
@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from models import QWEN_15B_GGUF, QWEN_15B_HF, add_models_dir
+
 from specmac import assets
 from specmac.backends import missing_requirements
 from specmac.results import plot_parallelism, sha256_file, write_json
@@ -37,8 +39,6 @@ QUANTS = {"f16": 1, "q8_0": 7, "q4_0": 2}  # LLAMA_FTYPE_MOSTLY_*
 THREADS = 1
 # the embedded model's passes take ~0.1 ms, where one preemption is 100x that: more repeats
 EMBEDDED_FLAGS = ["--repeats", "9"]
-QWEN_GGUF = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-QWEN_HF = "qwen2.5-coder-1.5b-instruct-hf"
 
 
 def quantize(src: Path, models: Path, quant: str) -> Path:
@@ -70,15 +70,15 @@ def gguf_variants(models: Path) -> list[dict]:
             out.append({"label": f"embedded-gguf-{q}", "model": None, "opts": {},
                         "needs": assets.gguf_file("target", "f16"), "group": "embedded",
                         "make": (assets.gguf_file("target", "f16"), q), "flags": EMBEDDED_FLAGS})
-    out.append({"label": "qwen1.5b-gguf-q4_k_m", "model": models / QWEN_GGUF, "opts": {},
-                "needs": models / QWEN_GGUF, "group": "qwen1.5b"})
+    out.append({"label": "qwen1.5b-gguf-q4_k_m", "model": models / QWEN_15B_GGUF, "opts": {},
+                "needs": models / QWEN_15B_GGUF, "group": "qwen1.5b"})
     # the same with every default (the "finishes in under a minute" check), threads included
-    out.append({"label": "qwen1.5b-gguf-q4_k_m-all-defaults", "model": models / QWEN_GGUF, "opts": {},
-                "needs": models / QWEN_GGUF, "group": "defaults", "threads": False})
+    out.append({"label": "qwen1.5b-gguf-q4_k_m-all-defaults", "model": models / QWEN_15B_GGUF, "opts": {},
+                "needs": models / QWEN_15B_GGUF, "group": "defaults", "threads": False})
     for q in ("q8_0", "q4_0"):
         out.append({"label": f"qwen1.5b-gguf-{q}-requant", "model": None,
-                    "opts": {}, "needs": models / QWEN_GGUF, "group": "qwen1.5b",
-                    "make": (models / QWEN_GGUF, q)})
+                    "opts": {}, "needs": models / QWEN_15B_GGUF, "group": "qwen1.5b",
+                    "make": (models / QWEN_15B_GGUF, q)})
     for c in out:
         c["backend"] = "gguf"
         if c.pop("threads", True):
@@ -104,10 +104,10 @@ def configs(models: Path) -> list[dict]:
         c.setdefault("flags", [])
         c["flags"] = [*c["flags"], *EMBEDDED_FLAGS]
     qwen = [
-        {"label": "qwen1.5b-torch-fp32", "backend": "torch", "model": models / QWEN_HF,
+        {"label": "qwen1.5b-torch-fp32", "backend": "torch", "model": models / QWEN_15B_HF,
          "opts": {"dtype": "float32", "device": "cpu", "n_threads": THREADS},
          "flags": ["--n-max", "8", "--repeats", "2"]},
-        {"label": "qwen1.5b-mlx-fp32", "backend": "mlx", "model": models / QWEN_HF,
+        {"label": "qwen1.5b-mlx-fp32", "backend": "mlx", "model": models / QWEN_15B_HF,
          "opts": {"dtype": "float32"}, "flags": ["--n-max", "8", "--repeats", "2"]},
     ]
     for c in qwen:
@@ -178,7 +178,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="labels to (re)run; default all")
     ap.add_argument("--quick", action="store_true", help="n_max 8, 2 repeats, context 64")
-    ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache/specmac/models")
+    add_models_dir(ap)
     ap.add_argument("--list", action="store_true", help="print the labels and exit")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
