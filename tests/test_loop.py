@@ -12,8 +12,10 @@ from scipy import stats as sstats
 
 from specmac.api import Pair
 from specmac.backends.synthetic import SyntheticBackend
+from specmac.calibration import adaptive_policy
 from specmac.chisquare import goodness_of_fit
 from specmac.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft
+from specmac.policy import AdaptiveK
 from specmac.rejection import acceptance_probability
 from specmac.sampling import SamplingParams, sample, warp
 
@@ -256,8 +258,13 @@ def test_adaptive_k_is_lossless_under_greedy_and_sampling():
     pair = synthetic_pair(V=40, noise=0.5, eos_bias=-8)
     base = Pair(pair.target, NoDraft())
     greedy = SamplingParams(0.0)
-    spec = pair.generate([3, 4], params=greedy, max_tokens=48, k="auto")
-    assert spec.token_ids == base.generate([3, 4], params=greedy, max_tokens=48).token_ids
+    want = base.generate([3, 4], params=greedy, max_tokens=48).token_ids
+    assert pair.generate([3, 4], params=greedy, max_tokens=48, k="auto").token_ids == want
+    # numpy drafts cost as much as numpy targets, so auto rightly drafts nothing here: k_min=1
+    # makes the policy draft, at the K it chooses, so that its choices are what is tested
+    drafting = adaptive_policy(pair.target, pair.drafter.backend, k_min=1)
+    spec = pair.generate([3, 4], params=greedy, max_tokens=48, k=drafting)
+    assert spec.token_ids == want
     assert spec.stats.k == "auto" and spec.stats.n_drafted > 0
     small = synthetic_pair()
-    assert gof(small, [1, 2], SamplingParams(1.0), k="auto", n=1500).p_value > 1e-3
+    assert gof(small, [1, 2], SamplingParams(1.0), k=AdaptiveK(k_min=1), n=1500).p_value > 1e-3
