@@ -290,7 +290,10 @@ def test_run_text_and_stats_block(tmp_path):
 
 
 def test_run_adaptive_k():
-    out = json.loads(_invoke(["run", *PAIR, "--k", "auto", "--max-tokens", "48", "--json", "hi"]).stdout)
+    """A parallel target and a cheap, good draft: drafting pays, and auto drafts."""
+    pays = ["--target-opt", "latency_ms=2", "--draft-opt", "latency_ms=0.1", "--draft-opt", "noise=0.1"]
+    r = _invoke(["run", *PAIR, *pays, "--k", "auto", "--max-tokens", "48", "--json", "hi"])
+    out = json.loads(r.stdout)
     assert out["k"] == "auto" and out["n_tokens"] == 48 and 0 <= out["acceptance_rate"] <= 1
     assert sum(out["k_policy"]["k_history"]) > 0
 
