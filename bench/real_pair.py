@@ -1,11 +1,17 @@
 """A real draft/target pair on mixed backends: Qwen2.5-Coder 0.5B -> 1.5B (Q4_K_M GGUF target).
 
-    python bench/real_pair.py --models ~/.cache/specmac/models --out results/real_qwen
+    python bench/real_pair.py [--models-dir DIR] [--drafts gguf,mlx,torch] [--out results/real_qwen]
 
-Models: ../shared/models/materialize.sh DIR qwen (official GGUF files, SHA-256 checked) and,
-for the mlx and torch drafts, bench/convert_gguf_to_hf.py of the 0.5B file into DIR/<name>-hf.
-For each draft backend: the vocabulary check, acceptance at K=4 (T=0 and T=1) and tokens/s
-against target-only decoding, measured side by side (A B A B ...) in one process.
+Models (bench/models.py: $SPECMAC_MODELS, default ~/.cache/specmac/models):
+../shared/models/materialize.sh DIR qwen (official GGUF files, SHA-256 checked) and, for the mlx and
+torch drafts, bench/convert_gguf_to_hf.py of the 0.5B file into DIR/qwen2.5-coder-0.5b-instruct-hf.
+For each draft backend: the vocabulary check, then speculative decoding at K = --k and
+target-only decoding of the same target, at T = 0 and T = 1, measured by ``specmac.compare``
+(a discarded warm-up run each, then rounds of prompt x repeat in which the two alternate, so drift
+hits both alike). Per temperature: median acceptance and tokens per target pass over the runs
+(one run = one prompt, one repeat), median and range of tokens/s, speedup = median tokens/s of
+speculative / median of target-only, and at T = 0 whether every speculative run gave the target's
+own greedy text.
 """
 
 from __future__ import annotations
@@ -13,27 +19,62 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
-from specmac.api import Pair
+from models import QWEN_05B_GGUF, QWEN_05B_HF, QWEN_15B_GGUF, add_models_dir
+
 from specmac.backends import load_backend
-from specmac.drafters import ModelDrafter, NoDraft
+from specmac.compare import BASELINE, Config, Loaded, PairSpec, Settings, aggregate, measure
+from specmac.drafters import load_drafter
 from specmac.results import provenance, write_json
 from specmac.sampling import SamplingParams
-from specmac.vocab import check_compatible
 
 PROMPTS = ["def quicksort(xs):", "# Read a CSV file and print the mean of each column\nimport csv\n"]
-DRAFT_05 = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-TARGET_15 = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 
 
-def run(pair: Pair, params: SamplingParams, max_tokens: int, k: int, seed: int) -> list:
-    return [pair.generate(p, params=params, max_tokens=max_tokens, k=k, seed=seed) for p in PROMPTS]
+def draft_source(name: str, models: Path, threads: int) -> tuple[Path, dict]:
+    """The draft model of a backend and its options: the GGUF file for gguf, its HF conversion otherwise."""
+    if name == "gguf":
+        return models / QWEN_05B_GGUF, {"n_threads": threads}
+    return models / QWEN_05B_HF, ({"n_threads": threads} if name == "torch" else {})
+
+
+def measure_draft(loaded: Loaded, name: str, args: argparse.Namespace) -> dict:
+    """Speculative (K = args.k) and target-only runs at T = 0 and T = 1, with compare's measuring."""
+    drafter = loaded.drafters[name]
+    row = {"draft": name, "target": "gguf", "vocab_check": "compatible",
+           "draft_info": drafter.backend.info(), "k": args.k}
+    prompts = [{"id": f"p{i}", "text": t} for i, t in enumerate(PROMPTS)]
+    spec_id, base_id = Config(name, "gguf", args.k).id, Config(BASELINE, "gguf", 0).id
+    for temp in (0.0, 1.0):
+        settings = Settings(pairs=[PairSpec(name, "gguf")], ks=[args.k], prompts=prompts,
+                            params=SamplingParams(temp), max_tokens=args.max_tokens, repeats=args.repeats)
+        runs, interrupted = measure(settings, loaded)
+        if interrupted:
+            raise SystemExit("interrupted")
+        agg = {a["config"]: a for a in aggregate(runs, settings.params.greedy)}
+        spec, base = agg[spec_id]["tokens_per_second"], agg[base_id]["tokens_per_second"]
+        spec_runs = [r for r in runs if r["config"] == spec_id]
+        row[f"T{temp:g}"] = {  # acceptance and tokens per pass: medians over runs, as tokens/s
+            "acceptance_rate": statistics.median(r["n_accepted"] / r["n_drafted"]
+                                                 for r in spec_runs if r["n_drafted"]),
+            "tokens_per_target_pass": statistics.median(r["n_tokens"] / r["n_target_passes"]
+                                                        for r in spec_runs),
+            "spec_tokens_per_s": spec["median"],
+            "spec_tokens_per_s_range": [spec["min"], spec["max"]],
+            "target_only_tokens_per_s": base["median"],
+            "target_only_tokens_per_s_range": [base["min"], base["max"]],
+            "speedup": spec["median"] / base["median"],
+            "greedy_identical": agg[spec_id]["greedy_match"] == 1.0 if settings.params.greedy else None,
+        }
+        print(name, f"T={temp:g}", row[f"T{temp:g}"], flush=True)
+    return row
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", type=Path, default=Path("~/.cache/specmac/models").expanduser())
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_models_dir(ap, "--models")
     ap.add_argument("--out", type=Path, default=Path("results/real_qwen"))
     ap.add_argument("--drafts", default="gguf,mlx,torch")
     ap.add_argument("--max-tokens", type=int, default=48)
@@ -44,47 +85,19 @@ def main() -> None:
     args = ap.parse_args()
     if args.plot_only:
         return render(json.loads((args.out / "results.json").read_text()), args.out)
-    m = args.models.expanduser()
-    target = load_backend("gguf", str(m / TARGET_15), {"n_threads": args.threads})
-    drafts = {
-        "gguf": lambda: load_backend("gguf", str(m / DRAFT_05), {"n_threads": args.threads}, role="draft"),
-        "mlx": lambda: load_backend("mlx", str(m / "qwen2.5-coder-0.5b-instruct-hf"), role="draft"),
-        "torch": lambda: load_backend("torch", str(m / "qwen2.5-coder-0.5b-instruct-hf"),
-                                      {"n_threads": args.threads}, role="draft"),
-    }
-    base = Pair(target, NoDraft())
-    records = []
+    m = args.models_dir
+    target_file = m / QWEN_15B_GGUF
+    target = load_backend("gguf", str(target_file), {"n_threads": args.threads})
+    records, used = [], [target_file]
     for name in args.drafts.split(","):
-        db = drafts[name]()
-        check_compatible(db.vocab, target.vocab)  # raises on mismatch
-        pair = Pair(target, ModelDrafter(db))
-        row = {"draft": name, "target": "gguf", "vocab_check": "compatible",
-               "draft_info": db.info(), "k": args.k}
-        for temp in (0.0, 1.0):
-            params = SamplingParams(temp)
-            spec_tps, base_tps, acc, tpp, same = [], [], [], [], []
-            for r in range(args.repeats):  # interleaved: drift hits both alike
-                s = run(pair, params, args.max_tokens, args.k, seed=r)
-                b = run(base, params, args.max_tokens, args.k, seed=r)
-                spec_tps += [g.stats.tokens_per_second for g in s]
-                base_tps += [g.stats.tokens_per_second for g in b]
-                acc += [g.stats.acceptance_rate for g in s]
-                tpp += [g.stats.tokens_per_target_pass for g in s]
-                same += [gs.token_ids == gb.token_ids for gs, gb in zip(s, b)]
-            row[f"T{temp:g}"] = {
-                "acceptance_rate": statistics.median(acc),
-                "tokens_per_target_pass": statistics.median(tpp),
-                "spec_tokens_per_s": statistics.median(spec_tps),
-                "spec_tokens_per_s_range": [min(spec_tps), max(spec_tps)],
-                "target_only_tokens_per_s": statistics.median(base_tps),
-                "target_only_tokens_per_s_range": [min(base_tps), max(base_tps)],
-                "speedup": statistics.median(spec_tps) / statistics.median(base_tps),
-                "greedy_identical": all(same) if temp == 0 else None,
-            }
-            print(name, f"T={temp:g}", row[f"T{temp:g}"], flush=True)
-        records.append(row)
-        del pair, db
-    out = {"provenance": provenance(models=[m / TARGET_15, m / DRAFT_05]),
+        model, options = draft_source(name, m, args.threads)
+        # loaded one at a time (two fp32 0.5B drafts at once would double the memory); raises on a
+        # vocabulary mismatch
+        drafter = load_drafter(name, str(model), options, target_vocab=target.vocab)
+        records.append(measure_draft(Loaded({"gguf": target}, {name: drafter}), name, args))
+        used.append(model)
+        del drafter
+    out = {"provenance": provenance(" ".join(sys.argv), models=list(dict.fromkeys(used))),
            "target_info": target.info(), "prompts": PROMPTS, "max_tokens": args.max_tokens,
            "repeats": args.repeats, "records": records}
     write_json(args.out / "results.json", out)
