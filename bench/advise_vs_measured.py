@@ -3,13 +3,17 @@
 For each pairing: `advise` (measured T_draft(1), the target's T(n) curve, acceptance from runs
 on the same prompts and lengths) predicts S(K) for K = 1..16; then target-only decoding and
 speculative decoding at several fixed K and at K = auto are timed on those prompts (greedy, so every
-method emits the same tokens), `repeats` times each. Measured speedup = median tokens/s of the
-method / median tokens/s of target-only (time inside the loop: draft + verify + sampling, not the
-prompt's prefill).
+method emits the same tokens) by ``specmac.compare.measure``: a discarded warm-up run of each
+method, then `repeats` rounds in which every method decodes every prompt once, interleaved. Per
+method and round the prompts' tokens and seconds are summed into one tokens/s; measured speedup =
+median over rounds of the method / median of target-only (time inside the loop: draft + verify +
+sampling, not the prompt's prefill).
 
 Writes results/advise/<pairing>.json (with provenance), advise_vs_measured.png and README.md.
+Real models from --models-dir (bench/models.py: $SPECMAC_MODELS, default ~/.cache/specmac/models);
+pairings whose model or backend is missing are skipped with the reason printed.
 
-    python bench/advise_vs_measured.py [--only NAME ...] [--repeats R] [--models-dir DIR]
+    python bench/advise_vs_measured.py [--only NAME ...] [--repeats R] [--max-tokens N] [--models-dir DIR]
 """
 
 from __future__ import annotations
@@ -18,14 +22,30 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from specmac.costmodel import AdaptiveK, advise, advise_prompts, replay_greedy
+from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac import assets
+from specmac.advise import advise
 from specmac.api import Pair
 from specmac.backends import missing_requirements
-from specmac.drafters import NoDraft
+from specmac.compare import (
+    BASELINE,
+    Config,
+    Loaded,
+    PairSpec,
+    Settings,
+    aggregate,
+    backend_settings,
+    load_models,
+    measure,
+    spread,
+)
+from specmac.policy import AdaptiveK, KPolicy
+from specmac.prompts import advise_prompts
+from specmac.replay import replay_greedy
 from specmac.results import model_files, plot_speedup, provenance, write_json
 from specmac.sampling import SamplingParams
 
@@ -36,7 +56,7 @@ TRACE = REPO / "tests" / "data" / "qwen_greedy_acceptance.json"
 # tokens as the timed runs: the comparison tests the cost model, not how well one text predicts another
 PROMPTS = advise_prompts()
 GREEDY = SamplingParams(0.0)  # every method emits the same tokens, so the timings compare like with like
-QWEN_DRAFT, QWEN_TARGET = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+AUTO = 0  # here a speculative Config with k = 0 stands for K = auto (compare's configurations hold ints)
 
 
 def pairings(models: Path) -> list[dict]:
@@ -45,7 +65,7 @@ def pairings(models: Path) -> list[dict]:
     q8 = {"quant": "q8_0", "n_threads": 1}
     t1 = {"n_threads": 1}
     emb = {"max_tokens": 128, "repeats": 5}
-    qwen = {"target_model": str(models / QWEN_TARGET), "target_options": t1, "max_tokens": 96,
+    qwen = {"target_model": str(models / QWEN_15B_GGUF), "target_options": t1, "max_tokens": 96,
             "repeats": 3, "ks": (1, 2, 4, 6, 15)}  # 15: llama.cpp's cheap 16-token pass (results/probes)
     return [
         {"name": "embedded-gguf-to-gguf", "target": "gguf", "draft": "gguf", "target_options": q8,
@@ -58,10 +78,10 @@ def pairings(models: Path) -> list[dict]:
         {"name": "embedded-ngram-to-gguf", "target": "gguf", "draft": "ngram", "target_options": q8,
          "needs": [assets.gguf_file("target", "q8_0")], **emb},
         {"name": "qwen0.5b-to-qwen1.5b-gguf", "target": "gguf", "draft": "gguf",
-         "draft_model": str(models / QWEN_DRAFT), "draft_options": t1,
-         "needs": [models / QWEN_TARGET, models / QWEN_DRAFT], **qwen},
+         "draft_model": str(models / QWEN_05B_GGUF), "draft_options": t1,
+         "needs": [models / QWEN_15B_GGUF, models / QWEN_05B_GGUF], **qwen},
         {"name": "ngram-to-qwen1.5b-gguf", "target": "gguf", "draft": "ngram",
-         "needs": [models / QWEN_TARGET], **qwen},
+         "needs": [models / QWEN_15B_GGUF], **qwen},
     ]
 
 
@@ -73,74 +93,113 @@ def skip_reason(p: dict) -> str | None:
     return f"model not found: {missing[0]}" if missing else None
 
 
-def one_run(pair: Pair, k, max_tokens: int, seed: int) -> dict:
-    """tokens, seconds, target passes (and the K chosen, for auto) over PROMPTS; k None = target only."""
-    runner = pair if k is not None else Pair(pair.target, NoDraft())
-    res = {"tokens": 0, "seconds": 0.0, "passes": 0, "ks": [], "outputs": []}
-    for prompt in PROMPTS:
-        policy = AdaptiveK.for_pair(pair) if k == "auto" else (k or 1)
-        out = runner.generate(prompt, params=GREEDY, max_tokens=max_tokens, k=policy, seed=seed)
-        res["tokens"] += out.stats.n_tokens
-        res["seconds"] += out.stats.seconds
-        res["passes"] += out.stats.n_target_passes
-        res["outputs"].append(out.token_ids)
-        if k == "auto":
-            res["ks"] += policy.history
-    return res
+class AutoPair(Pair):
+    """A pair whose every generation runs with k="auto" (a fresh, calibrated AdaptiveK, as
+    `specmac run --k auto` makes), keeping the K each step took."""
+
+    def __init__(self, pair: Pair) -> None:
+        super().__init__(pair.target, pair.drafter)
+        self.histories: list[list[int]] = []  # one per generation, the warm-up first
+
+    def policy(self, k=4) -> KPolicy:
+        if isinstance(k, KPolicy):  # generate() hands its policy on to stream()
+            return k
+        policy = super().policy("auto")
+        assert isinstance(policy, AdaptiveK)
+        self.histories.append(policy.history)
+        return policy
 
 
-def summarise(runs: list[dict]) -> dict:
-    rates = [r["tokens"] / r["seconds"] for r in runs]
-    out = {"tokens_per_second": statistics.median(rates), "min": min(rates), "max": max(rates),
-           "tokens_per_pass": sum(r["tokens"] for r in runs) / max(sum(r["passes"] for r in runs), 1)}
-    ks = [k for r in runs for k in r["ks"]]
+@dataclass
+class WithAuto(Loaded):
+    """compare's loaded models, where a speculative Config with k = AUTO is measured at K = auto."""
+
+    autos: dict[str, AutoPair] = field(default_factory=dict)
+
+    def pair(self, c: Config) -> Pair:
+        if c.baseline or c.k != AUTO:
+            return super().pair(c)
+        return self.autos.setdefault(c.id, AutoPair(super().pair(c)))
+
+
+def settings_of(p: dict, ks: list[int], repeats: int) -> Settings:
+    be = backend_settings(
+        target_model={p["target"]: p["target_model"]} if p.get("target_model") else None,
+        draft_model={p["draft"]: p["draft_model"]} if p.get("draft_model") else None,
+        target_opts=[(p["target"], k, v) for k, v in p.get("target_options", {}).items()],
+        draft_opts=[(p["draft"], k, v) for k, v in p.get("draft_options", {}).items()])
+    return Settings(pairs=[PairSpec(p["draft"], p["target"])], ks=ks,
+                    prompts=[{"id": f"p{i}", "text": t} for i, t in enumerate(PROMPTS)],
+                    params=GREEDY, max_tokens=p["max_tokens"], repeats=repeats, backends=be)
+
+
+def summarise(runs: list[dict], agg: dict, histories: list[list[int]] | None) -> dict:
+    """tokens/s per round (the prompts' tokens / their seconds): median, min, max over rounds;
+    tokens per target pass pooled over all runs; for auto, the K its steps took."""
+    rounds: dict[int, list[float]] = {}
+    for r in runs:
+        rounds.setdefault(r["round"], [0, 0.0])
+        rounds[r["round"]][0] += r["n_tokens"]
+        rounds[r["round"]][1] += r["seconds"]
+    rates = spread([n / s for n, s in rounds.values()])
+    passes = sum(r["n_target_passes"] for r in runs)
+    out = {"tokens_per_second": rates["median"], "min": rates["min"], "max": rates["max"],
+           "tokens_per_pass": sum(r["n_tokens"] for r in runs) / max(passes, 1)}
+    ks = [k for h in histories or [] for k in h]
     if ks:
         out["k_chosen_median"] = statistics.median(ks)
         out["share_no_drafts"] = ks.count(0) / len(ks)
+    if agg["greedy_match"] is not None:  # share of (prompt, round) runs with target-only's own text
+        out["same_text"] = agg["greedy_match"]
     return out
 
 
-def models_of(pair: Pair, p: dict) -> list[str]:
-    files = model_files(pair.target, p.get("target_model"), "target")
-    if hasattr(pair.drafter, "backend"):
-        files += model_files(pair.drafter.backend, p.get("draft_model"), "draft")
+def models_of(loaded: Loaded, p: dict) -> list[str]:
+    files = model_files(loaded.targets[p["target"]], p.get("target_model"), "target")
+    draft = loaded.drafters[p["draft"]].backend
+    if draft is not None:
+        files += model_files(draft, p.get("draft_model"), "draft")
     return files
 
 
-def measure(p: dict, repeats: int) -> dict:
-    pair = Pair.load(p["target"], p["draft"], target_model=p.get("target_model"),
-                     draft_model=p.get("draft_model"), target_options=p.get("target_options"),
-                     draft_options=p.get("draft_options"))
-    rec = advise(pair, params=GREEDY, prompts=PROMPTS, run_tokens=p["max_tokens"])
-    methods = [None, *sorted(set(p.get("ks", (1, 2, 4, 8))) | {rec["best_k"]}), "auto"]
-    runs: dict = {k: [] for k in methods}
-    for r in range(repeats):  # methods interleaved, so a change of machine load hits them all alike
-        for k in methods:
-            runs[k].append(one_run(pair, k, p["max_tokens"], seed=r))
-    base = summarise(runs[None])
+def measure_pairing(p: dict, repeats: int) -> dict:
+    first = settings_of(p, [1], repeats)
+    loaded = WithAuto(**vars(load_models(first)))
+    rec = advise(loaded.pair(Config(p["draft"], p["target"], 1)), params=GREEDY, prompts=PROMPTS,
+                 run_tokens=p["max_tokens"])
+    fixed = sorted(set(p.get("ks", (1, 2, 4, 8))) | {rec["best_k"]})
+    settings = settings_of(p, [*fixed, AUTO], repeats)
+    runs, interrupted = measure(settings, loaded)
+    if interrupted:
+        raise SystemExit("interrupted")
+    agg = {a["config"]: a for a in aggregate(runs, GREEDY.greedy)}
+    by_config: dict[str, list[dict]] = {}
+    for r in runs:
+        by_config.setdefault(r["config"], []).append(r)
+    base_id = Config(BASELINE, p["target"], 0).id
+    base = summarise(by_config[base_id], agg[base_id], None)
+    base.pop("same_text", None)
     measured = []
-    for k in methods[1:]:
-        m = summarise(runs[k])
-        # greedy, yet not always the same text: a batched pass can flip a near-tied argmax (Q4_K_M)
-        same = [a == b for r, r0 in zip(runs[k], runs[None]) for a, b in zip(r["outputs"], r0["outputs"])]
-        m.update(k=k, same_text=sum(same) / len(same),
-                 speedup=m["tokens_per_second"] / base["tokens_per_second"],
+    for k in [*fixed, "auto"]:
+        cid = Config(p["draft"], p["target"], AUTO if k == "auto" else k).id
+        auto = loaded.autos.get(cid)
+        m = summarise(by_config[cid], agg[cid], auto.histories[1:] if auto else None)  # [0]: warm-up
+        m.update(k=k, speedup=m["tokens_per_second"] / base["tokens_per_second"],
                  speedup_min=m["min"] / base["max"], speedup_max=m["max"] / base["min"])
         measured.append(m)
         print(f"  k={k}: {m['tokens_per_second']:.1f} tok/s, speedup {m['speedup']:.2f}", flush=True)
     rec.update(name=p["name"], baseline=base, measured=measured, repeats=repeats, prompts=PROMPTS,
-               max_tokens=p["max_tokens"],
-               provenance=provenance(" ".join(sys.argv), models_of(pair, p)))
+               max_tokens=p["max_tokens"], provenance=provenance(" ".join(sys.argv), models_of(loaded, p)))
     return rec
 
 
-def rebuild_outputs() -> None:
-    recs = [json.loads(f.read_text()) for f in sorted(OUT.glob("*.json"))]
+def rebuild_outputs(out: Path) -> None:
+    recs = [json.loads(f.read_text()) for f in sorted(out.glob("*.json"))]
     series = [{"label": r["name"], "table": r["table"],
                "measured": [m for m in r["measured"] if m["k"] != "auto"]} for r in recs]
-    plot_speedup(series, OUT / "advise_vs_measured.png",
+    plot_speedup(series, out / "advise_vs_measured.png",
                  title="predicted S(K) (lines) vs measured speedup (markers), greedy")
-    head = (OUT / "README.head.md").read_text() if (OUT / "README.head.md").exists() else ""
+    head = (out / "README.head.md").read_text() if (out / "README.head.md").exists() else ""
     rows = ["| pairing | \u03b1 | c | target \u03b2 | predicted best K (S) | measured S at that K "
             "| measured best fixed K (S) | auto S (median K, steps without drafts) | auto / best fixed K "
             "| auto / best of fixed K and target-only |",
@@ -169,7 +228,7 @@ def rebuild_outputs() -> None:
             same = f"{m['same_text']:.0%}" if "same_text" in m else "-"
             per_k.append(f"| {r['name']} | {m['k']} | {e_pred} | {e_meas} | {pred} "
                          f"| {m['speedup']:.2f}x [{m['speedup_min']:.2f}, {m['speedup_max']:.2f}] | {same} |")
-    (OUT / "README.md").write_text(
+    (out / "README.md").write_text(
         f"{head}\n## Results (regenerated by bench/advise_vs_measured.py)\n\n" + "\n".join(rows)
         + "\n\n### Per K\n\n" + "\n".join(per_k) + "\n" + replay_section())
 
@@ -184,7 +243,7 @@ def replay_section(lengths=(64, 128, 256)) -> str:
     lines = ["", "## Replay: `--k auto` vs every fixed K on one text", "",
              f"`{TRACE.relative_to(REPO)}` (bench/acceptance_trace.py) holds where Qwen2.5-Coder-0.5B's "
              "greedy guess agrees with the 1.5B target's own greedy text, for five prompts, and the "
-             "measured pass costs. `specmac.costmodel.replay_greedy` replays any policy on it, so every "
+             "measured pass costs. `specmac.replay.replay_greedy` replays any policy on it, so every "
              "policy decodes the same text (the timed runs above cannot promise that on Q4_K_M). "
              "auto / best = tokens/s of AdaptiveK / that of the best fixed K for that prompt and length, "
              "K = 0 (target only) included; one thread per model. tests/test_adaptive_replay.py holds "
@@ -209,12 +268,16 @@ def replay_section(lengths=(64, 128, 256)) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*")
-    ap.add_argument("--repeats", type=int, help="timed repeats per method (default per pairing)")
-    ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache/specmac/models")
+    ap.add_argument("--only", nargs="*", help="pairing names to (re)run; default all")
+    ap.add_argument("--repeats", type=int, help="timed rounds (default per pairing)")
+    ap.add_argument("--max-tokens", type=int, help="tokens per prompt (default per pairing)")
+    add_models_dir(ap)
+    ap.add_argument("--out", type=Path, default=OUT, help=f"default {OUT.relative_to(REPO)}")
+    ap.add_argument("--render-only", action="store_true",
+                    help="rebuild README.md and the PNG from the JSON files in --out, measuring nothing")
     args = ap.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
-    for p in pairings(args.models_dir):
+    args.out.mkdir(parents=True, exist_ok=True)
+    for p in [] if args.render_only else pairings(args.models_dir):
         if args.only and p["name"] not in args.only:
             continue
         why = skip_reason(p)
@@ -222,8 +285,9 @@ def main() -> None:
             print(f"skip {p['name']}: {why}", flush=True)
             continue
         print(p["name"], flush=True)
-        write_json(OUT / f"{p['name']}.json", measure(p, args.repeats or p["repeats"]))
-    rebuild_outputs()
+        p["max_tokens"] = args.max_tokens or p["max_tokens"]
+        write_json(args.out / f"{p['name']}.json", measure_pairing(p, args.repeats or p["repeats"]))
+    rebuild_outputs(args.out)
 
 
 if __name__ == "__main__":
