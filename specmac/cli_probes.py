@@ -1,4 +1,5 @@
-"""`specmac probe-parallelism` and `specmac advise`: attached to the main group on import."""
+"""`specmac probe-parallelism` and `specmac advise` (a ranking of configurations, or one pairing):
+attached to the main group on import."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import sys
 
 import click
 
-from specmac.cli import UserError, emit_json, load_pair, main, pair_options, parse_kv, sampling_options
+from specmac.cli import UserError, emit_json, load_pair, main, parse_kv, sampling_options
 
 
 @main.command("probe-parallelism")
@@ -73,8 +74,34 @@ def _print_probe(r: dict) -> None:
                    "machine is busy; close other work or raise --repeats", err=True)
 
 
-@main.command()
-@pair_options
+ADVISE_HELP = """What should I run? Without --draft: every configuration the installed backends can
+run (draft backend and precision x target backend and precision x K, plain decoding of each target
+included), ranked by predicted tokens/s within precision groups. With --draft BACKEND: S(K) of
+that one pairing for K = 1..16.
+
+\b
+Ranking (models: .gguf files and/or Hugging Face folders; default the embedded pair):
+  specmac advise --draft-model draft.gguf --target-model target.gguf --target-model target-f16.gguf
+One pairing:
+  specmac advise --draft gguf --target torch --target-model FOLDER
+"""
+
+
+@main.command(help=ADVISE_HELP, short_help="What should I run here? Rank configurations, or one pairing.")
+@click.option("--target", default=None, metavar="BACKEND",
+              help="Target backend (one pairing with --draft; alone: only this backend's targets).")
+@click.option("--draft", default=None, metavar="BACKEND",
+              help="Draft backend or ngram: advise on one pairing.")
+@click.option("--target-model", "target_models", multiple=True, metavar="PATH",
+              help="Target model, repeatable for several precisions (.gguf file or HF folder).")
+@click.option("--draft-model", "draft_models", multiple=True, metavar="PATH", help="Draft model, repeatable.")
+@click.option("--target-opt", multiple=True, metavar="KEY=VALUE",
+              help="Target backend option, repeatable (ranking: for every target variant).")
+@click.option("--draft-opt", multiple=True, metavar="KEY=VALUE",
+              help="Draft backend option, repeatable (ranking: for every draft variant).")
+@click.option("--backends", "backends_text", metavar="LIST",
+              help="Ranking: backends to try, e.g. gguf,torch (default: every installed one).")
+@click.option("--k-max", type=int, default=8, show_default=True, help="Ranking: largest K considered.")
 @sampling_options
 @click.option("--prompt", "prompts", multiple=True,
               help="A text to measure acceptance on; repeat for several (default: four of the "
@@ -82,23 +109,80 @@ def _print_probe(r: dict) -> None:
 @click.option("--run-tokens", type=int, default=48, show_default=True,
               help="Tokens generated per prompt to measure acceptance.")
 @click.option("--context", type=int, default=128, show_default=True,
-              help="Tokens prefilled before each timing.")
-@click.option("--repeats", type=int, default=3, show_default=True)
+              help="One pairing: tokens prefilled before each timing.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="One pairing: timed repeats.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of the predicted S(K).")
+@click.option("--plot", type=click.Path(dir_okay=False), help="One pairing: a PNG of the predicted S(K).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON record (with provenance).")
-def advise(prompts, run_tokens, context, repeats, as_json, plot, out, **kw):
-    """Predict the speedup of speculation for K = 1..16 from measured costs and acceptance."""
-    from specmac.advise import advise as run_advise
+def advise(target_models, draft_models, backends_text, k_max, prompts, run_tokens, context, repeats,
+           as_json, plot, out, **kw):
     from specmac.cli import sampling_params
-    from specmac.results import model_files, plot_speedup, provenance
 
-    if kw["draft"] == "none":
-        raise UserError("advise needs a draft: add --draft BACKEND (or --draft ngram)")
     if run_tokens < 2 or repeats < 1:
         raise UserError("--run-tokens must be >= 2 and --repeats >= 1")
+    params = sampling_params(kw)
+    if kw["draft"] is None or kw["draft"] == "none":
+        _rank(target_models, draft_models, backends_text, k_max, prompts, run_tokens, params, kw, as_json,
+              out)
+        return
+    for flag, given in (("--target-model", target_models), ("--draft-model", draft_models)):
+        if len(given) > 1:
+            raise UserError(f"{flag} is given {len(given)} times: one pairing takes one model per role "
+                            "(drop --draft to rank several)")
+    _one_pairing(dict(kw, target=kw["target"] or "gguf", target_model=next(iter(target_models), None),
+                      draft_model=next(iter(draft_models), None)),
+                 params, prompts, run_tokens, context, repeats, as_json, plot, out)
+
+
+def _rank(target_models, draft_models, backends_text, k_max, prompts, run_tokens, params, kw, as_json,
+          out) -> None:
+    from specmac.advise_rank import rank_configurations
+    from specmac.prompts import advise_prompts
+    from specmac.results import provenance
+
+    backends = [b.strip() for b in backends_text.split(",") if b.strip()] if backends_text else None
+    if kw["target"]:
+        backends = [kw["target"]] if backends is None else backends
+    record = rank_configurations(list(draft_models) or [None], list(target_models) or [None],
+                                 params=params, prompts=list(prompts) or advise_prompts(), backends=backends,
+                                 k_max=k_max, run_tokens=run_tokens, seed=kw["seed"],
+                                 target_options=parse_kv(kw["target_opt"], "--target-opt"),
+                                 draft_options=parse_kv(kw["draft_opt"], "--draft-opt"),
+                                 progress=None if as_json else lambda m: click.echo(f"probing {m}", err=True))
+    record["provenance"] = provenance(" ".join(sys.argv), [*draft_models, *target_models])
+    _report(record, out, None, as_json, _print_ranking)
+
+
+def _print_ranking(r: dict) -> None:
+    s = r["sampling"]
+    how = "greedy" if s["temperature"] == 0 else f"T = {s['temperature']}"
+    click.echo(f"{len(r['ranking'])} configurations of {len(r['targets'])} target and {len(r['drafts'])} "
+               f"draft variants, measured in {r['seconds']:.0f} s ({how}; acceptance on "
+               f"{r['reference']['tokens']} tokens of {r['reference']['prompts']} prompts)")
+    click.echo("Each group is one output distribution (the same weights in the same precision); speedup "
+               "is over the group's fastest plain decoder.")
+    names = [f"{e['draft_label']} \u2192 {e['target_label']}, K = {e['k']}" if e["k"]
+             else f"plain {e['target_label']}" for e in r["ranking"]]
+    width = max(map(len, names), default=0)
+    group = None
+    for e, name in zip(r["ranking"], names):
+        if e["group"] != group:
+            group = e["group"]
+            click.echo(f"\n{group}")
+        alpha = f"  \u03b1 {e['alpha']:.2f}" if e["alpha"] is not None else ""
+        click.echo(f"{e['rank']:>4}  {name:<{width}} {e['predicted_tokens_per_second']:>9.1f} tok/s "
+                   f"{e['predicted_speedup']:>6.2f}x{alpha}" + (f"  {e['reason']}" if e["reason"] else ""))
+    for sk in r["skipped"]:
+        click.echo(f"skipped {sk['role']} {sk['backend']} {sk['precision']}: {sk['reason']}", err=True)
+
+
+def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plot, out) -> None:
+    """Predict the speedup of one pairing for K = 1..16 from measured costs and acceptance."""
+    from specmac.advise import advise as run_advise
+    from specmac.results import model_files, plot_speedup, provenance
+
     pair = load_pair(kw)
-    record = run_advise(pair, params=sampling_params(kw), prompts=list(prompts) or None,
+    record = run_advise(pair, params=params, prompts=list(prompts) or None,
                         run_tokens=run_tokens, context=context, repeats=repeats, seed=kw["seed"])
     models = model_files(pair.target, kw["target_model"], "target")
     if pair.drafter.backend is not None:

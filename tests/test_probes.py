@@ -174,9 +174,10 @@ def test_advise_pools_acceptance_over_its_prompts():
         assert both["acceptance_run"][key] == sum(r[key] for r in runs)
 
 
-def test_advise_without_a_draft_is_a_user_error():
-    res = CliRunner().invoke(main, ["advise", "--target", "synthetic"])
-    assert res.exit_code == 2 and "needs a draft" in res.output
+def test_advise_with_two_models_per_role_needs_the_ranking():
+    res = CliRunner().invoke(main, ["advise", "--draft", "synthetic", "--target", "synthetic",
+                                    "--target-model", "a", "--target-model", "b"])
+    assert res.exit_code == 2 and "drop --draft to rank several" in res.output
 
 
 def test_advise_says_why_when_verification_is_serial():

@@ -95,6 +95,8 @@ class BaseBackend:
     n_ctx: int
     model_id: str = ""
     resolved: dict  # option values after defaults and hardware detection
+    # the model files it loads: "gguf" (a .gguf file), "hf" (a Hugging Face folder)
+    formats: ClassVar[tuple[str, ...]] = ()
 
     @property
     def n_past(self) -> int:

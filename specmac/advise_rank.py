@@ -1,0 +1,380 @@
+"""advise over whole configurations: which draft and target, on which backend, in which precision,
+at which K (K = 0: plain decoding), ranked by predicted tokens/s.
+
+What is measured once and shared by every configuration that can share it:
+
+* per target variant (a backend and a dtype or GGUF type of a target model): its pass T(n) for
+  n = 1..k_max + 1 (``calibration.pass_costs``), the loop's own cost per step (a short plain run)
+  and its logits on a reference text;
+* per draft variant: its one-token pass T_d(1) and its logits on the same text;
+* acceptance per (draft variant, target variant) from those logits alone (teacher forcing on the
+  reference text, which the first target variant wrote itself): greedy, whether the draft's argmax
+  is the target's; sampled, sum_x min(p(x), q(x)), the chance that one draft survives the rejection
+  rule. Acceptance depends on the two distributions, not on how fast a backend computes them, so no
+  speculative run is needed.
+
+Each target variant's configurations form a *precision group* with the other backends that run the
+same weights in the same precision (one output distribution); speedups are against the fastest
+plain decoder of that group, so a 3x speedup over a slow decoder is not mistaken for a fast one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specmac.advise import warp_cost_ms
+from specmac.api import Pair
+from specmac.backends import BaseBackend, backend_class, load_backend, missing_requirements, registry
+from specmac.calibration import pass_costs
+from specmac.costs import draft_passes, expected_tokens, fit_beta, why_not
+from specmac.drafters import NoDraft, lookup
+from specmac.errors import BadOption, SpecmacError
+from specmac.sampling import SamplingParams, warp
+from specmac.timing import time_single
+from specmac.vocab import align_logits, check_compatible
+
+DTYPES = {"torch": ("float32", "bfloat16"), "mlx": ("float32", "bfloat16")}
+GGUF_TYPE = re.compile(r"(?i)(?:^|[-_.])(f32|f16|bf16|q8_0|q6_k|q5_k_[ms]|q5_[01]|q4_k_[ms]|q4_[01]|"
+                       r"q3_k_[sml]|q2_k|iq\w+)(?=\.gguf$|[-_.])")
+
+
+@dataclass
+class Variant:
+    """One model in one backend and precision, as a draft or a target."""
+
+    role: str
+    backend: str  # a registered backend, or "ngram"
+    model: str | None  # a path, or None for the embedded pair
+    options: dict = field(default_factory=dict)
+    precision: str = ""  # "Q4_K_M", "F16", "float32", ...
+    source: str = ""  # the weights: file or folder name
+
+    @property
+    def label(self) -> str:
+        return self.backend if self.backend == "ngram" else f"{self.backend} {self.precision}"
+
+    @property
+    def group(self) -> str:
+        """One output distribution: the same weights in the same precision."""
+        return f"{self.source} {self.precision}"
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "model": self.model, "options": self.options,
+                "precision": self.precision, "source": self.source}
+
+
+def gguf_type(path: str) -> str:
+    m = GGUF_TYPE.search(Path(path).name)
+    return m.group(1).upper() if m else "GGUF"
+
+
+def variants(models: Sequence[str | None], role: str, backends: Sequence[str]) -> list[Variant]:
+    """Every (backend, precision) the installed backends can run each model in. A model is a
+    .gguf file or a Hugging Face folder (None: the embedded pair, which ships both)."""
+    out: list[Variant] = []
+    for model in models:
+        if model is None:
+            from specmac import assets
+
+            source = f"embedded {role}"
+            for backend in backends:
+                if backend == "gguf":
+                    out += [Variant(role, "gguf", None, {"quant": q}, q.upper(), source)
+                            for q in assets.GGUF_TYPES]
+                elif backend in DTYPES:
+                    out += [Variant(role, backend, None, {"dtype": d}, d, source) for d in DTYPES[backend]]
+                elif backend == "synthetic":
+                    out.append(Variant(role, "synthetic", None, {}, "float32", "synthetic pair"))
+            continue
+        path = Path(model).expanduser()
+        fmt = "gguf" if path.is_file() and path.suffix == ".gguf" else "hf" if path.is_dir() else None
+        if fmt is None:
+            raise BadOption(f"{role}_models: {model} is neither a .gguf file nor a model folder",
+                            param=f"{role}_models")
+        for backend in backends:
+            if fmt not in backend_class(backend).formats:
+                continue
+            if backend == "gguf":
+                out.append(Variant(role, "gguf", model, {}, gguf_type(model) if fmt == "gguf" else "F16",
+                                   path.name))
+            elif backend in DTYPES:
+                out += [Variant(role, backend, model, {"dtype": d}, d, path.name) for d in DTYPES[backend]]
+    return out
+
+
+def model_backends(only: Sequence[str] | None = None) -> list[str]:
+    """The installed model backends (synthetic only when asked for by name)."""
+    names = [n for n in registry() if not missing_requirements(n)]
+    if only:
+        unknown = sorted(set(only) - set(names) - {"ngram"})
+        if unknown:
+            raise BadOption(f"backends {', '.join(unknown)}: not installed or unknown; choose from "
+                            f"{', '.join(n for n in names)}", param="backends")
+        return [n for n in only if n != "ngram"]
+    return [n for n in names if n != "synthetic"]
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+@dataclass
+class Probe:
+    """What one variant costs and what it predicts on the reference text."""
+
+    variant: Variant
+    t_pass: list[float] = field(default_factory=list)  # seconds, T(n) for n = 1..; drafts: [T_d(1)]
+    t_step: float = 0.0  # seconds the loop adds per step (targets)
+    rows: list[np.ndarray] = field(default_factory=list)  # per text: argmax ids or warped probs
+    error: str | None = None
+
+
+def _rows(backend: BaseBackend, texts: list[list[int]], starts: list[int], params: SamplingParams,
+          n_vocab: int) -> list[np.ndarray]:
+    """Teacher forcing: per text, the distribution (sampled: warped probabilities, float32) or the
+    argmax (greedy) at every position that predicts a reference token."""
+    out = []
+    for ids, start in zip(texts, starts):
+        backend.reset()
+        logits = align_logits(backend.score(ids[:-1])[start - 1:], n_vocab)
+        out.append(np.argmax(logits, axis=-1) if params.greedy else warp(logits, params).astype(np.float32))
+    backend.reset()
+    return out
+
+
+def reference_texts(target: BaseBackend, prompts: Sequence[str], params: SamplingParams, run_tokens: int,
+                    seed: int) -> tuple[list[list[int]], list[int]]:
+    """Prompt + the target's own continuation (the text the loop will verify), and where each
+    continuation starts."""
+    plain = Pair(target, NoDraft())
+    texts, starts = [], []
+    for i, prompt in enumerate(prompts):
+        ids = plain.encode(prompt)
+        out = plain.generate(ids, params=params, max_tokens=run_tokens, seed=seed + i).token_ids
+        if out:
+            texts.append(ids + out)
+            starts.append(len(ids))
+    if not texts:
+        raise SpecmacError("the reference target wrote nothing after the prompts: give other prompts")
+    return texts, starts
+
+
+def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingParams, texts, starts,
+                 n_vocab: int) -> Probe:
+    t_pass, _ = pass_costs(backend, None, k_max)
+    plain = Pair(backend, NoDraft())
+    events = list(plain.stream(texts[0][: starts[0]], params=params, max_tokens=6, seed=0))[1:]
+    per_step = [e.t_draft + e.t_verify + e.t_other for e in events] or [t_pass[0]]
+    t_step = max(float(np.median(per_step)) - t_pass[0], 0.0)
+    return Probe(v, t_pass, t_step, _rows(backend, texts, starts, params, n_vocab))
+
+
+def probe_draft(v: Variant, backend: BaseBackend | None, params: SamplingParams, texts, starts,
+                n_vocab: int) -> Probe:
+    if backend is None:  # n-gram lookup: what it would copy at each position of the reference
+        t0 = time.perf_counter()
+        rows = [np.array([(lookup(ids[:i], 1) or [-1])[0] for i in range(start, len(ids))])
+                for ids, start in zip(texts, starts)]
+        t = (time.perf_counter() - t0) / max(sum(len(r) for r in rows), 1)
+        return Probe(v, [t], 0.0, rows)
+    t_d = time_single(backend, context=min(16, backend.n_ctx - 1), repeats=5, warmup=1)["median_ms"] / 1e3
+    return Probe(v, [t_d], 0.0, _rows(backend, texts, starts, params, n_vocab))
+
+
+def acceptance(draft: Probe, target: Probe, texts, starts, params: SamplingParams) -> float:
+    """Mean over the reference positions of the chance that one draft token is accepted."""
+    got = []
+    for i, (q, p) in enumerate(zip(draft.rows, target.rows)):
+        if draft.variant.backend == "ngram":  # one-hot q: accepted with probability p(d)
+            toks = draft.rows[i]
+            got += [float(t == pp) if params.greedy else (float(pp[t]) if t >= 0 else 0.0)
+                    for t, pp in zip(toks, p)]
+        elif params.greedy:
+            got += list((q == p).astype(float))
+        else:
+            got += list(np.minimum(p, q).sum(axis=-1))
+    return float(np.mean(got)) if got else 0.0
+
+
+# --- predicting and ranking ---------------------------------------------------------------------
+
+@dataclass
+class Costs:
+    """Seconds: a target's step over n tokens (pass + the loop), a draft's pass (+ its sampling)."""
+
+    step: list[float]  # step[n - 1], n = 1..k_max + 1
+    t_draft: float
+
+    def tps(self, alpha: float, k: int) -> float:
+        """Predicted tokens/s at K = k (k = 0: plain decoding)."""
+        if k == 0:
+            return 1.0 / self.step[0]
+        drafting = draft_passes(alpha, k, catch_up=True) * self.t_draft
+        return expected_tokens(alpha, k) / (drafting + self.step[k])
+
+
+def best(costs: Costs, alpha: float, k_max: int) -> tuple[int, float]:
+    return max(((k, costs.tps(alpha, k)) for k in range(1, k_max + 1)), key=lambda x: x[1])
+
+
+def alpha_needed(costs: Costs, k_max: int) -> float | None:
+    """The smallest acceptance at which some K beats plain decoding (None: not even at 1)."""
+    plain = costs.tps(0.0, 0)
+    if best(costs, 1.0, k_max)[1] <= plain:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if best(costs, mid, k_max)[1] > plain else (mid, hi)
+    return hi
+
+
+def why(costs: Costs, alpha: float, beta: float, k_max: int) -> str:
+    """Why this draft does not pay on this target, in the paper's terms: c, beta, alpha."""
+    need = alpha_needed(costs, k_max)
+    if need is not None:
+        return f"acceptance too low: \u03b1 = {alpha:.2f} (pays from \u03b1 = {need:.2f})"
+    reasons = why_not(alpha, costs.t_draft, lambda n: costs.step[min(n, len(costs.step)) - 1], beta, k_max,
+                      catch_up=True)
+    return "; ".join(reasons) or f"draft too slow: c = {costs.t_draft / costs.step[0]:.2f}"
+
+
+def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, int], float], k_max: int,
+            w_row: float, w_draft: float) -> list[dict]:
+    """Every configuration at its best K, ranked by predicted tokens/s within precision groups,
+    groups in the order of their best configuration."""
+    entries = []
+    for ti, t in enumerate(targets):
+        step = [x + t.t_step + w_row * n for n, x in enumerate(t.t_pass)]
+        n = np.arange(1, len(t.t_pass) + 1)
+        _, beta = fit_beta(n, t.t_pass)
+        base = Costs(step, 0.0)
+        entries.append(_entry(None, t, 0, base.tps(0.0, 0), None, beta, None))
+        for di, d in enumerate(drafts):
+            if (di, ti) not in alphas:
+                continue
+            alpha = alphas[di, ti]
+            costs = Costs(step, d.t_pass[0] + (w_draft if d.variant.backend != "ngram" else 0.0))
+            k, tps = best(costs, alpha, k_max)
+            reason = why(costs, alpha, beta, k_max) if tps <= base.tps(0.0, 0) else None
+            entries.append(_entry(d, t, k, tps, alpha, beta, costs.t_draft / step[0], reason))
+    groups: dict[str, list[dict]] = {}
+    for e in entries:
+        groups.setdefault(e["group"], []).append(e)
+    out = []
+    for group in sorted(groups, key=lambda g: -max(e["predicted_tokens_per_second"] for e in groups[g])):
+        rows = sorted(groups[group], key=lambda e: -e["predicted_tokens_per_second"])
+        plain = max((e for e in rows if e["k"] == 0), key=lambda e: e["predicted_tokens_per_second"])
+        for e in rows:
+            e["predicted_speedup"] = e["predicted_tokens_per_second"] / plain["predicted_tokens_per_second"]
+            e["baseline"] = f"plain {plain['target_label']}"
+            if e is not rows[0] and e["reason"] is None:
+                e["reason"] = (f"slower than {_name(rows[0])}" if e["k"] else
+                               f"plain {e['target_label']} decodes slower than {_name(plain)}"
+                               if e is not plain else f"plain decoding; {_name(rows[0])} is faster")
+            out.append(e)
+    for i, e in enumerate(out, 1):
+        e["rank"] = i
+    return out
+
+
+def _name(e: dict) -> str:
+    return (f"{e['draft_label']} \u2192 {e['target_label']} at K = {e['k']}" if e["k"]
+            else f"plain {e['target_label']}")
+
+
+def _entry(d: Probe | None, t: Probe, k: int, tps: float, alpha: float | None, beta: float,
+           c: float | None, reason: str | None = None) -> dict:
+    tv, dv = t.variant, d.variant if d else None
+    return {"group": tv.group, "draft": dv.backend if dv else "none",
+            "draft_dtype": dv.precision if dv else None,
+            "draft_label": dv.label if dv else "none", "draft_model": dv.model if dv else None,
+            "target": tv.backend, "target_dtype": tv.precision, "target_label": tv.label,
+            "target_model": tv.model, "k": k, "predicted_tokens_per_second": tps, "alpha": alpha,
+            "c": c, "beta": beta, "reason": reason}
+
+
+# --- the whole measurement ----------------------------------------------------------------------
+
+def rank_configurations(draft_models: Sequence[str | None] = (None,),
+                        target_models: Sequence[str | None] = (None,), *,
+                        params: SamplingParams, prompts: Sequence[str], backends: Sequence[str] | None = None,
+                        drafts: Sequence[str] | None = None, k_max: int = 8, run_tokens: int = 48,
+                        seed: int = 0, target_options: dict | None = None, draft_options: dict | None = None,
+                        progress: Callable[[str], None] | None = None) -> dict:
+    """Probe every variant once, predict every configuration, rank. ``backends`` limits the
+    backends tried (default: every installed model backend); ``drafts`` adds model-free drafters
+    ("ngram", the default); ``*_options`` go to every variant of that role (e.g. n_threads)."""
+    if not 1 <= k_max <= 16:
+        raise BadOption(f"k_max {k_max} is out of range: use 1..16", param="k_max")
+    if not prompts:
+        raise BadOption("prompts is empty: give at least one prompt to measure acceptance on",
+                        param="prompts")
+    say = progress or (lambda _msg: None)
+    names = model_backends(backends)
+    t0 = time.perf_counter()
+    tv = sorted(variants(target_models, "target", names), key=lambda v: v.backend != "gguf")  # fast first
+    dv = variants(draft_models, "draft", names) + [Variant("draft", d, None, {}, "lookup", "prompt")
+                                                   for d in (("ngram",) if drafts is None else drafts)]
+    for vs, extra in ((tv, target_options), (dv, draft_options)):
+        for v in vs:
+            if extra and v.backend != "ngram":
+                v.options = {**v.options, **extra}
+    if not tv:
+        raise BadOption("no installed backend can run the target models: install one "
+                        "(pip install 'specmac[all]') or give other files", param="target_models")
+    targets, skipped, texts, starts, vocab = [], [], None, None, None
+    for v in tv:
+        say(f"target {v.label} ({v.source})")
+        try:
+            backend = load_backend(v.backend, v.model, v.options, role="target")
+            if vocab is None:
+                vocab = backend.vocab
+                texts, starts = reference_texts(backend, prompts, params, run_tokens, seed)
+            check_compatible(backend.vocab, vocab)
+            targets.append(probe_target(v, backend, k_max, params, texts, starts, vocab.size))
+        except SpecmacError as e:
+            skipped.append({**v.to_dict(), "role": "target", "reason": str(e)})
+        finally:
+            backend = None
+    if not targets:
+        raise SpecmacError("no target variant could be probed: " + "; ".join(s["reason"] for s in skipped))
+    probed, alphas = [], {}
+    for v in dv:
+        say(f"draft {v.label} ({v.source})")
+        try:
+            backend = None if v.backend == "ngram" else load_backend(v.backend, v.model, v.options,
+                                                                     role="draft")
+            if backend is not None:
+                check_compatible(backend.vocab, vocab)
+            p = probe_draft(v, backend, params, texts, starts, vocab.size)
+        except SpecmacError as e:
+            skipped.append({**v.to_dict(), "role": "draft", "reason": str(e)})
+            continue
+        finally:
+            backend = None
+        for ti, t in enumerate(targets):
+            alphas[len(probed), ti] = acceptance(p, t, texts, starts, params)
+        p.rows = []  # the acceptances are all this draft's logits were for
+        probed.append(p)
+    width = vocab.n_logits or vocab.size
+    w1, wn = (warp_cost_ms(width, vocab.size, params, n) / 1e3 for n in (1, k_max + 1))
+    w_row = max(wn - w1, 0.0) / k_max
+    rows = ranking(targets, probed, alphas, k_max, w_row, 0.0 if params.greedy else w1)
+    return {
+        "ranking": rows,
+        "targets": [{**t.variant.to_dict(), "t_pass_ms": [1e3 * x for x in t.t_pass],
+                     "loop_ms_per_step": 1e3 * t.t_step} for t in targets],
+        "drafts": [{**d.variant.to_dict(), "t_pass_ms": 1e3 * d.t_pass[0]} for d in probed],
+        "acceptance": [{"draft": probed[di].variant.label, "draft_source": probed[di].variant.source,
+                        "target": targets[ti].variant.label, "target_source": targets[ti].variant.source,
+                        "alpha": a} for (di, ti), a in alphas.items()],
+        "skipped": skipped,
+        "reference": {"prompts": len(texts), "tokens": sum(len(t) - s for t, s in zip(texts, starts)),
+                      "written_by": targets[0].variant.label},
+        "k_max": k_max, "sampling": params.to_dict(), "seconds": time.perf_counter() - t0,
+    }

@@ -1,0 +1,89 @@
+"""advise's ranking of whole configurations: enumeration, shared measurements, the ranking itself."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specmac.advise_rank import Costs, alpha_needed, gguf_type, variants
+from specmac.cli import main
+from tests.conftest import skip_unless_installed
+
+KEYS = {"draft", "target", "draft_dtype", "target_dtype", "k", "predicted_tokens_per_second",
+        "predicted_speedup", "reason", "group", "rank", "alpha"}
+
+
+def rank(*args: str) -> dict:
+    res = CliRunner().invoke(main, ["advise", "--json", *args])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    return json.loads(res.stdout)
+
+
+def check_ranking(r: dict) -> None:
+    rows = r["ranking"]
+    assert rows and all(KEYS <= set(e) for e in rows)
+    assert [e["rank"] for e in rows] == list(range(1, len(rows) + 1))
+    groups = list(dict.fromkeys(e["group"] for e in rows))
+    for g in groups:
+        mine = [e for e in rows if e["group"] == g]
+        assert rows.index(mine[-1]) - rows.index(mine[0]) == len(mine) - 1  # a group is contiguous
+        tps = [e["predicted_tokens_per_second"] for e in mine]
+        assert tps == sorted(tps, reverse=True)
+        plain = [e for e in mine if e["k"] == 0]
+        assert plain and max(e["predicted_speedup"] for e in plain) == pytest.approx(1.0)
+        assert mine[0]["reason"] is None and all(e["reason"] for e in mine[1:])  # every loser says why
+
+
+def test_a_paying_draft_ranks_first_with_its_k():
+    """A parallel target and a cheap, faithful draft: the draft at a wide K beats plain decoding."""
+    r = rank("--target", "synthetic", "--target-opt", "latency_ms=2", "--draft-opt", "latency_ms=0.1",
+             "--draft-opt", "noise=0.1")
+    check_ranking(r)
+    top = r["ranking"][0]
+    assert top["draft"] == "synthetic" and top["k"] >= 4 and top["predicted_speedup"] > 2
+    assert {e["draft"] for e in r["ranking"]} == {"synthetic", "ngram", "none"}
+
+
+def test_losers_say_why_in_the_papers_terms():
+    """A serial target: the model draft loses because verification is serial (beta), plain
+    decoding ranks first."""
+    r = rank("--target", "synthetic", "--target-opt", "latency_ms=2", "--target-opt", "beta=1.0",
+             "--draft-opt", "latency_ms=1")
+    check_ranking(r)
+    assert r["ranking"][0]["k"] == 0
+    model = next(e for e in r["ranking"] if e["draft"] == "synthetic")
+    assert "verification serial: \u03b2 = " in model["reason"]
+
+
+def test_alpha_needed_and_the_acceptance_reason():
+    costs = Costs(step=[1.0 * (1 + 0.2 * (n - 1)) for n in range(1, 10)], t_draft=0.1)
+    need = alpha_needed(costs, 8)
+    assert 0 < need < 1
+    plain = costs.tps(0.0, 0)
+    assert max(costs.tps(need + 0.01, k) for k in range(1, 9)) > plain  # pays just above it
+    assert max(costs.tps(need - 0.01, k) for k in range(1, 9)) <= plain  # not just below
+    serial = Costs(step=[float(n) for n in range(1, 10)], t_draft=0.5)
+    assert alpha_needed(serial, 8) is None  # even a perfect draft cannot pay
+
+
+def test_variants_of_a_model():
+    assert gguf_type("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf") == "Q4_K_M"
+    assert gguf_type("target-f16.gguf") == "F16" and gguf_type("x.gguf") == "GGUF"
+    embedded = variants([None], "target", ["synthetic"])
+    assert [(v.backend, v.precision) for v in embedded] == [("synthetic", "float32")]
+
+
+@skip_unless_installed("gguf")
+@skip_unless_installed("torch")
+def test_the_embedded_pair_ranks_with_no_model_flags():
+    r = rank("--backends", "gguf,torch", "--k-max", "4", "--run-tokens", "16")
+    check_ranking(r)
+    labels = {e["target_label"] for e in r["ranking"]}
+    assert {"gguf Q8_0", "gguf F16", "torch float32", "torch bfloat16"} <= labels
+    # acceptance is measured once per (draft, target) variant pair, from logits alone
+    assert len(r["acceptance"]) == len(r["drafts"]) * len(r["targets"])
+    assert all(0 <= a["alpha"] <= 1 for a in r["acceptance"])
+    assert np.isfinite([e["predicted_tokens_per_second"] for e in r["ranking"]]).all()
