@@ -262,6 +262,7 @@ def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, i
             k, tps = best(costs, alpha, k_max)
             reason = why(costs, alpha, beta, k_max) if tps <= base.tps(0.0, 0) else None
             entries.append(_entry(d, t, k, tps, alpha, beta, costs.t_draft / step[0], reason))
+            entries[-1]["by_k"] = [costs.tps(alpha, j) for j in range(1, k_max + 1)]  # K = 1..k_max
     groups: dict[str, list[dict]] = {}
     for e in entries:
         groups.setdefault(e["group"], []).append(e)
