@@ -304,12 +304,14 @@ def _entry(d: Probe | None, t: Probe, k: int, tps: float, alpha: float | None, b
 def rank_configurations(draft_models: Sequence[str | None] = (None,),
                         target_models: Sequence[str | None] = (None,), *,
                         params: SamplingParams, prompts: Sequence[str], backends: Sequence[str] | None = None,
-                        drafts: Sequence[str] | None = None, k_max: int = 8, run_tokens: int = 48,
+                        draft_backends: Sequence[str] | None = None, drafts: Sequence[str] | None = None,
+                        k_max: int = 8, run_tokens: int = 48,
                         seed: int = 0, target_options: dict | None = None, draft_options: dict | None = None,
                         progress: Callable[[str], None] | None = None) -> dict:
     """Probe every variant once, predict every configuration, rank. ``backends`` limits the
     backends tried (default: every installed model backend); ``drafts`` adds model-free drafters
-    ("ngram", the default); ``*_options`` go to every variant of that role (e.g. n_threads)."""
+    ("ngram", the default); ``draft_backends`` limits the drafts' backends further; ``*_options``
+    go to every variant of that role (e.g. n_threads)."""
     if not 1 <= k_max <= 16:
         raise BadOption(f"k_max {k_max} is out of range: use 1..16", param="k_max")
     if not prompts:
@@ -319,8 +321,9 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
     names = model_backends(backends)
     t0 = time.perf_counter()
     tv = sorted(variants(target_models, "target", names), key=lambda v: v.backend != "gguf")  # fast first
-    dv = variants(draft_models, "draft", names) + [Variant("draft", d, None, {}, "lookup", "prompt")
-                                                   for d in (("ngram",) if drafts is None else drafts)]
+    draft_names = [n for n in names if not draft_backends or n in draft_backends]
+    dv = variants(draft_models, "draft", draft_names) + [Variant("draft", d, None, {}, "lookup", "prompt")
+                                                         for d in (("ngram",) if drafts is None else drafts)]
     for vs, extra in ((tv, target_options), (dv, draft_options)):
         for v in vs:
             if extra and v.backend != "ngram":
