@@ -1,41 +1,45 @@
 """Convert a GGUF model into a Hugging Face folder (for the mlx and torch backends).
 
     python bench/convert_gguf_to_hf.py ~/.cache/specmac/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
-        ~/.cache/specmac/models/qwen2.5-coder-0.5b-instruct-hf --dtype float32
+        [~/.cache/specmac/models/qwen2.5-coder-0.5b-instruct-hf] [--dtype float32]
 
-Uses transformers' GGUF loader (dequantizes to the given dtype; needs the `gguf` and `accelerate`
-packages). The result is safetensors + config + tokenizer; keep it outside the repository.
+A thin wrapper over ``specmac.backends.convert.gguf_to_hf``, the converter the torch and mlx backends
+use when given a .gguf file (transformers' GGUF loader; `pip install 'specmac[convert]'`): the folder
+is made once in specmac's cache (`specmac models` lists it) and printed. With OUT it is also linked
+there (hard links, or a copy across file systems) for scripts that want a fixed path.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import shutil
 from pathlib import Path
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gguf", type=Path)
-    ap.add_argument("out", type=Path)
+    ap.add_argument("out", type=Path, nargs="?", help="also place the folder here")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     args = ap.parse_args()
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from specmac.backends.convert import gguf_to_hf
 
-    dtype = getattr(torch, args.dtype)
-    folder, name = str(args.gguf.parent), args.gguf.name
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    tok.save_pretrained(args.out)
-    (args.out / "specmac_source.json").write_text(json.dumps({"gguf": str(args.gguf),
-                                                               "dtype": args.dtype}, indent=2))
-    print(f"wrote {args.out}")
+    folder, meta = gguf_to_hf(args.gguf, args.dtype)
+    print(f"{folder}  (from {meta['source']}, sha256 {meta['source_sha256']})")
+    if args.out:
+        if args.out.exists():
+            shutil.rmtree(args.out)
+        shutil.copytree(folder, args.out, copy_function=_link_or_copy)
+        print(f"linked into {args.out}")
 
 
 if __name__ == "__main__":

@@ -304,99 +304,14 @@ def export_hf(role, tok, work):
     return out
 
 
-def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
-    """HF -> GGUF rotary layout for Q/K rows (llama.cpp's llama arch rotates adjacent pairs,
-    HF rotates the two halves of each head): within each head, interleave the two halves."""
-    rows = w.shape[0]
-    return (w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:])
-             .swapaxes(1, 2).reshape(w.shape))
-
-
-def gguf_vocab(tok_json):
-    vocab = dict(tok_json["model"]["vocab"])
-    special = set()
-    for t in tok_json["added_tokens"]:
-        vocab[t["content"]] = t["id"]
-        if t.get("special"):
-            special.add(t["id"])
-    tokens = [None] * len(vocab)
-    for s, i in vocab.items():
-        tokens[i] = s
-    assert all(t is not None for t in tokens)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]]
-    return tokens, special, merges
-
-
 def export_gguf_f16(role, hf_dir: Path, path: Path):
-    import gguf
-    from safetensors.numpy import load_file
+    """F16 GGUF of the HF folder, written by the package's writer (specmac.backends.hf_to_gguf,
+    which tests/test_convert.py checks byte for byte against the shipped files)."""
+    from specmac.backends.hf_to_gguf import write_gguf
 
-    cfg = json.loads((hf_dir / "config.json").read_text())
-    tok_json = json.loads((hf_dir / "tokenizer.json").read_text())
-    sd = load_file(str(hf_dir / "model.safetensors"))
-    n_head, n_kv, n_layer = (cfg["num_attention_heads"], cfg["num_key_value_heads"],
-                             cfg["num_hidden_layers"])
-    head_dim = cfg["head_dim"]
-
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(f"specmac-embedded-{role}")
-    w.add_description("specmac embedded tiny model trained on CPython 3.11 stdlib sources")
-    w.add_license("PSF-2.0 (training data); see specmac/assets/README.md")
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(float(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]))
-    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
-    w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-
-    tokens, special, merges = gguf_vocab(tok_json)
-    assert len(tokens) == cfg["vocab_size"]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")  # llama.cpp name of the GPT-2 regex pre-tokenizer
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
-                       for i in range(len(tokens))])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(0)
-    w.add_pad_token_id(0)
-    w.add_add_bos_token(False)
-    w.add_add_eos_token(False)
-
-    def f16(name):
-        return np.ascontiguousarray(sd[name].astype(np.float16))
-
-    def f32(name):
-        return np.ascontiguousarray(sd[name].astype(np.float32))
-
-    w.add_tensor("token_embd.weight", f16("model.embed_tokens.weight"))
-    # tied embeddings: no output.weight, llama.cpp reuses token_embd for the LM head
-    assert "lm_head.weight" not in sd
-    w.add_tensor("output_norm.weight", f32("model.norm.weight"))
-    for i in range(n_layer):
-        p = f"model.layers.{i}."
-        b = f"blk.{i}."
-        w.add_tensor(b + "attn_norm.weight", f32(p + "input_layernorm.weight"))
-        w.add_tensor(b + "attn_q.weight", permute_qk(f16(p + "self_attn.q_proj.weight"), n_head))
-        w.add_tensor(b + "attn_k.weight", permute_qk(f16(p + "self_attn.k_proj.weight"), n_kv))
-        w.add_tensor(b + "attn_v.weight", f16(p + "self_attn.v_proj.weight"))
-        w.add_tensor(b + "attn_output.weight", f16(p + "self_attn.o_proj.weight"))
-        w.add_tensor(b + "ffn_norm.weight", f32(p + "post_attention_layernorm.weight"))
-        w.add_tensor(b + "ffn_gate.weight", f16(p + "mlp.gate_proj.weight"))
-        w.add_tensor(b + "ffn_up.weight", f16(p + "mlp.up_proj.weight"))
-        w.add_tensor(b + "ffn_down.weight", f16(p + "mlp.down_proj.weight"))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_gguf(hf_dir, path, name=f"specmac-embedded-{role}",
+                      description="specmac embedded tiny model trained on CPython 3.11 stdlib sources",
+                      license="PSF-2.0 (training data); see specmac/assets/README.md")
 
 
 def quantize_gguf(src: Path, dst: Path, ftype: int, threads: int):

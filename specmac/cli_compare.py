@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -121,7 +122,8 @@ def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt
 
 
 def _run_with_progress(cmp, settings, command: str) -> dict:
-    """run_compare with a rich progress bar (with an ETA) on stderr when it is a terminal."""
+    """run_compare with a rich progress bar (with an ETA) on stderr when it is a terminal, else
+    plain lines: each phase, and as many progress lines as there are configurations."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -133,9 +135,12 @@ def _run_with_progress(cmp, settings, command: str) -> dict:
     )
 
     console = Console(stderr=True)
+    if not console.is_terminal:
+        lines = PlainProgress(settings.n_runs(), len(settings.configs()))
+        return cmp.run_compare(settings, command=command, progress=lines.tick, status=lines.status)
     columns = (TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console, disable=not console.is_terminal, transient=True) as bar:
+    with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("loading models", total=settings.n_runs())
 
         def tick(desc: str) -> None:
@@ -143,6 +148,33 @@ def _run_with_progress(cmp, settings, command: str) -> dict:
 
         return cmp.run_compare(settings, command=command, progress=tick,
                                status=lambda desc: bar.update(task, description=desc[:36]))
+
+
+class PlainProgress:
+    """Progress for logs and pipes: one line per phase, and ``n_lines`` evenly spaced lines over
+    ``total`` generations (done/total, elapsed, ETA, the last generation)."""
+
+    def __init__(self, total: int, n_lines: int) -> None:
+        self.total, self.n_lines, self.done, self.next_line = total, max(1, n_lines), 0, 1
+        self.start = time.monotonic()
+
+    def status(self, desc: str) -> None:
+        click.echo(f"compare: {desc}", err=True)
+
+    def tick(self, desc: str) -> None:
+        self.done += 1
+        if self.done * self.n_lines < self.next_line * self.total:
+            return
+        self.next_line = self.done * self.n_lines // self.total + 1
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        click.echo(f"compare: {self.done}/{self.total} generations ({100 * self.done / self.total:.0f}%), "
+                   f"{_clock(elapsed)} elapsed, ETA {_clock(eta)}  [{desc}]", err=True)
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
 
 
 @main.command()

@@ -45,7 +45,8 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 
 
 def model_fingerprints(models: Iterable[str | Path | None]) -> list[dict]:
-    """sha256 of each model file; a folder hashes its weight/config/tokenizer files; else an id."""
+    """sha256 of each model file; a folder hashes its weight/config/tokenizer files; else an id.
+    A converted model from specmac's cache also names its source and the source's sha256."""
     out = []
     for m in models:
         if m is None:
@@ -59,19 +60,34 @@ def model_fingerprints(models: Iterable[str | Path | None]) -> list[dict]:
             out.append({"model": str(m), "files": {f.name: sha256_file(f) for f in files}})
         else:
             out.append({"model": str(m), "hub_id": str(m)})
+        source = converted_from(p)
+        if source:
+            out[-1]["converted_from"] = source
     return out
 
 
+def converted_from(path: Path) -> dict | None:
+    """The source of a model in specmac's conversion cache (its sidecar), or None."""
+    from specmac.backends import cache
+
+    entry = (path if path.is_dir() else path.parent).resolve()
+    meta = cache.read_sidecar(entry) if entry.parent == cache.cache_root().resolve() else None
+    if not meta:
+        return None
+    return {k: meta.get(k) for k in ("source", "source_sha256", "variant", "converter", "created_utc")}
+
+
 def model_files(backend: Any, model: str | None, role: str = "target") -> list[str]:
-    """What to fingerprint for a loaded backend: the user's model, or the embedded file/folder it
-    loaded (gguf: the .gguf of its quant; torch and mlx: the HF folder); nothing for synthetic."""
+    """What to fingerprint for a loaded backend: the file or folder it loaded (a converted one from
+    the cache, the embedded pair's GGUF of its quant, the user's model), or the user's model (hub
+    ids as ids); for torch and mlx with no model, the embedded HF folder; nothing for synthetic."""
+    path = getattr(backend, "resolved", {}).get("path")
+    if path and Path(path).exists():
+        return [str(path)]
     if model:
         return [model]
     from specmac import assets
 
-    if backend.name == "gguf":
-        quant = getattr(backend, "resolved", {}).get("quant") or "q8_0"
-        return [str(assets.gguf_file(role, quant))]
     if backend.name in ("torch", "mlx"):
         return [str(assets.hf_dir(role))]
     return []

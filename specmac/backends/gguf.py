@@ -19,7 +19,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from specmac.backends import BaseBackend, Option
+from specmac.backends import BaseBackend, Option, cache, convert
 from specmac.errors import BadOption, BadTokens, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
 
@@ -29,6 +29,8 @@ ALL_LAYERS = 0x7FFFFFFF  # llama.cpp clamps this to the model's layer count
 FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
               "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 LOG_ERROR = 4  # GGML_LOG_LEVEL_ERROR in the ggml this package builds
+QUANTS = {"f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,
+          "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M}
 
 
 # --- device and thread decisions --------------------------------------------------------------
@@ -50,11 +52,14 @@ def default_threads() -> int:
 
 
 # --- finding and loading a model --------------------------------------------------------------
-def resolve_model(model: str | None, role: str, quant: str) -> str:
-    """None -> the embedded pair's GGUF; an existing file; or ``repo_id:filename`` on the hub."""
+def resolve_model(model: str | None, role: str, quant: str | None) -> tuple[str, dict | None]:
+    """-> (the GGUF file to load, the conversion's sidecar or None). None -> the embedded pair's GGUF
+    of ``quant``; a .gguf file (requantised once to ``quant`` if given, cached); a Hugging Face folder
+    (written once as F16 GGUF, then requantised if ``quant`` says so); or ``repo_id:filename``."""
     if model is None:
         from specmac import assets
 
+        quant = quant or "q8_0"
         if quant not in assets.GGUF_TYPES:
             raise BadOption(f"option quant={quant!r} is not one of {', '.join(assets.GGUF_TYPES)} "
                             "(the embedded pair's GGUF types)")
@@ -62,16 +67,54 @@ def resolve_model(model: str | None, role: str, quant: str) -> str:
         if not path.is_file():
             raise ModelNotFound(f"the embedded {role} model {path.name} is missing: reinstall specmac "
                                 "or pass a .gguf path")
-        return str(path)
+        return str(path), None
     path = Path(model).expanduser()
-    if path.is_file():
-        return str(path)
     if path.is_dir():
-        raise ModelNotFound(f"{model} is a folder: the gguf backend needs a .gguf file "
-                            "(the torch and mlx backends load Hugging Face folders)")
-    if HUB_FILE.match(model):
-        return hub_file(model)
-    raise ModelNotFound(f"model {model} not found: give a .gguf path or repo_id:filename from the hub")
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{model} is a folder without config.json: give a .gguf file or a "
+                                "Hugging Face model folder")
+        f16, meta = convert.hf_to_gguf(path)
+        if quant and quant != "f16":
+            return str(requantize(f16, quant)[0]), meta | {"quant": quant}
+        return str(f16), meta
+    if not path.is_file() and HUB_FILE.match(model):
+        path = Path(hub_file(model))
+    if path.is_file():
+        check_gguf(str(path))
+        if quant and file_type(path) != QUANTS[quant]:
+            f, meta = requantize(path, quant)
+            return str(f), meta
+        return str(path), None
+    raise ModelNotFound(f"model {model} not found: give a .gguf path, a Hugging Face folder or "
+                        "repo_id:filename from the hub")
+
+
+def file_type(path: Path) -> int | None:
+    """general.file_type of a GGUF (a llama_ftype), read with gguf-py if it is installed."""
+    try:
+        import gguf
+    except ImportError:
+        return None
+    field = gguf.GGUFReader(str(path)).get_field("general.file_type")
+    return int(field.contents()) if field is not None else None
+
+
+def requantize(path: str | Path, quant: str) -> tuple[Path, dict]:
+    """The GGUF as ``quant``, made once with llama_model_quantize (allow_requantize: a quantised
+    source is dequantised first, so F16 holds exactly its values) and cached: (file, sidecar)."""
+    def build(src: Path, out: Path) -> None:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread, params.allow_requantize = QUANTS[quant], default_threads(), True
+        with captured_log() as log:
+            rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out / "model.gguf").encode(),
+                                                ctypes.byref(params))
+        if rc != 0:
+            raise ModelNotFound(f"llama.cpp cannot requantise {src} to {quant} ({first_error(log)})")
+
+    lib = f"llama-cpp-python {llama_cpp.__version__} llama_model_quantize"
+    entry, meta = cache.converted(path, f"gguf-{quant}", build, what=f"a {quant.upper()} GGUF",
+                                  details={"quant": quant, "converter": lib})
+    return entry / "model.gguf", meta
 
 
 def hub_file(spec: str) -> str:
@@ -122,11 +165,20 @@ def first_error(lines: list[tuple[int, str]]) -> str:
     return errors[0] if errors else "llama.cpp gave no reason"
 
 
-def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False) -> llama_cpp.llama_model_p:
+def extra_bufts_safe() -> bool:
+    """Whether llama.cpp's extra CPU buffer types (weight repacking) are safe in this build: not
+    where ggml was built with AMX, whose Q8_0/Q4_0 path crashes (llama.cpp issue 20824; a native
+    build includes AMX on CPUs that have it)."""
+    return "AMX_INT8 = 1" not in llama_cpp.llama_print_system_info().decode(errors="replace")
+
+
+def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False,
+               extra_bufts: bool = True) -> llama_cpp.llama_model_p:
     check_gguf(path)
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
     params.vocab_only = vocab_only
+    params.use_extra_bufts = extra_bufts
     with captured_log() as log:
         model = llama_cpp.llama_model_load_from_file(path.encode(), params)
     if model is None:
@@ -166,7 +218,9 @@ class GGUFBackend(BaseBackend):
     name = "gguf"
     library = "llama-cpp-python"
     options = {
-        "quant": Option(str, "q8_0", "GGUF type of the embedded pair (f16 is exact enough for tests)"),
+        "quant": Option(str, None, "GGUF type: of the embedded pair (f16|q8_0, default q8_0), or a given "
+                                   "GGUF/folder requantised once (cached; default as given)",
+                        choices=tuple(QUANTS)),
         "n_ctx": Option(int, None, "context window; default 2048 or the model's training context if smaller"),
         "n_threads": Option(int, None, "CPU threads for single-token and batched passes alike"),
         "n_batch": Option(int, 512, "most tokens per llama_decode (also the micro-batch)"),
@@ -174,6 +228,9 @@ class GGUFBackend(BaseBackend):
                                           "can offload, else 0"),
         # llama.cpp's default; on the CPU auto turns it on, which makes batched and serial logits equal
         "flash_attn": Option(str, "auto", "flash attention", choices=tuple(FLASH_ATTN)),
+        "extra_bufts": Option(str, "auto", "llama.cpp's extra CPU buffer types (weights repacked for "
+                              "faster Q4_0/Q4_K kernels); auto: on unless ggml was built with AMX "
+                              "(crashes on Q8_0/Q4_0)", choices=("auto", "on", "off")),
     }
 
     def __init__(self, model: str | None = None, *, role: str = "target", **opts) -> None:
@@ -181,10 +238,11 @@ class GGUFBackend(BaseBackend):
         for key in ("n_ctx", "n_threads", "n_batch"):
             if o[key] is not None and o[key] < 1:
                 raise BadOption(f"option {key}={o[key]} is out of range: use an integer >= 1")
-        path = resolve_model(model, role, o["quant"])
-        self.model_id = model or f"embedded:{role}-{o['quant']}"
+        path, converted = resolve_model(model, role, o["quant"])
+        self.model_id = model or f"embedded:{role}-{o['quant'] or 'q8_0'}"
         ngl = o["n_gpu_layers"] if o["n_gpu_layers"] is not None else -1 if gpu_offload() else 0
-        self._model = load_model(path, ngl)
+        extra = o["extra_bufts"] == "on" or (o["extra_bufts"] == "auto" and extra_bufts_safe())
+        self._model = load_model(path, ngl, extra_bufts=extra)
         self._vocab_p = llama_cpp.llama_model_get_vocab(self._model)
         n_train = llama_cpp.llama_model_n_ctx_train(self._model)
         self.n_ctx = o["n_ctx"] or min(2048, n_train)
@@ -199,10 +257,15 @@ class GGUFBackend(BaseBackend):
         self._n_batch = n_batch
         self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab_p))
         self._n_past = 0
-        self.resolved = {"quant": o["quant"], "path": path, "n_ctx": self.n_ctx, "n_ctx_train": n_train,
+        self.resolved = {"path": path, "n_ctx": self.n_ctx, "n_ctx_train": n_train,
                          "n_threads": threads, "n_threads_batch": threads, "n_batch": n_batch,
                          "n_ubatch": n_batch, "n_gpu_layers": ngl, "flash_attn": flash,
-                         "device": (gpu_offload() or "cpu") if ngl else "cpu", "add_bos": self._add_bos}
+                         "device": (gpu_offload() or "cpu") if ngl else "cpu", "add_bos": self._add_bos,
+                         "extra_bufts": "on" if extra else "off"}
+        if model is None or o["quant"] or converted:  # quant only where it chose what was loaded
+            self.resolved["quant"] = o["quant"] or (converted or {}).get("quant") or "q8_0"
+        if converted:
+            self.resolved["source_sha256"] = converted["source_sha256"]
 
     def _new_context(self, path: str, n_ctx: int, n_batch: int, threads: int, flash: str):
         """-> the llama_context and the flash attention state ("on", "off"; "auto" if llama.cpp
@@ -230,7 +293,7 @@ class GGUFBackend(BaseBackend):
     @classmethod
     def peek_vocab(cls, model: str | None, role: str = "target", **opts) -> Vocab:
         """The vocabulary alone (vocab_only load: no weights are read)."""
-        path = resolve_model(model, role, opts.get("quant", cls.options["quant"].default))
+        path, _ = resolve_model(model, role, opts.get("quant"))
         model_p = load_model(path, vocab_only=True)
         try:
             return read_vocab(model_p)

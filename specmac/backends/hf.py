@@ -18,8 +18,24 @@ HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 PAD_PIECE = re.compile(r"\[PAD\d+\]")
 
 
-def resolve_model(model: str | None, role: str) -> str:
-    """None -> the embedded pair's folder; a local folder (must hold config.json); or a hub id."""
+def resolve_model(model: str | None, role: str, dtype: str = "float32") -> str:
+    """None -> the embedded pair's folder; a local folder (must hold config.json); a GGUF file
+    (converted once to a folder of ``dtype`` weights, cached); or a hub id."""
+    return resolve(model, role, dtype)[0]
+
+
+def resolve(model: str | None, role: str, dtype: str = "float32") -> tuple[str, dict | None]:
+    """-> (folder or hub id, the conversion's sidecar when the model was a GGUF file, else None)."""
+    if model is not None and Path(model).expanduser().is_file():
+        from specmac.backends import convert
+
+        if convert.is_gguf(model):
+            folder, meta = convert.gguf_to_hf(model, dtype)
+            return str(folder), meta
+    return _resolve_folder(model, role), None
+
+
+def _resolve_folder(model: str | None, role: str) -> str:
     if model is None:
         from specmac import assets
 
@@ -35,8 +51,8 @@ def resolve_model(model: str | None, role: str) -> str:
                                 "(config.json + *.safetensors + tokenizer files)")
         return str(path)
     if path.exists():
-        raise ModelNotFound(f"{model} is a file, not a model folder: point at a Hugging Face folder "
-                            "(the gguf backend loads .gguf files)")
+        raise ModelNotFound(f"{model} is neither a model folder nor a GGUF file: point at a Hugging Face "
+                            "folder or a .gguf file")
     if HUB_ID.match(model) and not model.startswith((".", "~")):
         return model  # a hub id; downloaded by the library, may fail offline with its own message
     raise ModelNotFound(f"model {model} not found: give an existing folder or a hub id like org/name")
@@ -106,9 +122,10 @@ def load_tokenizer(model: str, trust_remote_code: bool = False):
         raise ModelNotFound(f"cannot load a tokenizer from {model}: {str(e).splitlines()[0]}") from None
 
 
-def peek_vocab(model: str | None, role: str = "target", trust_remote_code: bool = False) -> Vocab:
-    """The vocabulary of a HF model without loading its weights."""
-    folder = resolve_model(model, role)
+def peek_vocab(model: str | None, role: str = "target", trust_remote_code: bool = False,
+               dtype: str = "float32") -> Vocab:
+    """The vocabulary of a HF model without loading its weights (a GGUF file is converted first)."""
+    folder = resolve_model(model, role, dtype)
     tok = load_tokenizer(folder, trust_remote_code)
     n_logits = 0
     config = Path(folder) / "config.json"

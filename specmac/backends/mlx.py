@@ -1,4 +1,5 @@
-"""MLX backend through mlx-lm: Hugging Face safetensors folders on Apple silicon (Metal) or the CPU.
+"""MLX backend through mlx-lm: Hugging Face safetensors folders (or a GGUF file, converted once to a
+cached folder: specmac.backends.convert) on Apple silicon (Metal) or the CPU.
 
 The KV cache is mlx-lm's prompt cache; rewinding is ``trim_prompt_cache``, checked up front with
 ``can_trim_prompt_cache``. Each backend computes on its own stream, so a draft on the CPU and a
@@ -62,14 +63,14 @@ class MLXBackend(BaseBackend):
 
     def __init__(self, model: str | None = None, *, role: str = "target", dtype: str | None = None,
                  device: str | None = None, n_ctx: int | None = None) -> None:
-        source = hf.resolve_model(model, role)
         dev = pick_device(device)
+        on_gpu = dev.type == mx.gpu
+        dtype = dtype or ("float16" if on_gpu else "float32")
+        source, converted = hf.resolve(model, role, dtype)
         self._stream = mx.new_stream(dev)
         self.model, wrapper = load_mlx(source)
         folder = Path(source) if Path(source).is_dir() else hf_repo_to_path(source)
         cfg = read_config(folder)
-        on_gpu = dev.type == mx.gpu
-        dtype = dtype or ("float16" if on_gpu else "float32")
         self.model.set_dtype(DTYPES[dtype])
         mx.eval(self.model.parameters())
         self.tokenizer = wrapper._tokenizer  # the transformers tokenizer mlx-lm wraps
@@ -79,12 +80,17 @@ class MLXBackend(BaseBackend):
         self.n_ctx = context_window(cfg, n_ctx)
         self.model_id = source
         self.resolved = {"dtype": dtype, "device": "gpu" if on_gpu else "cpu", "n_ctx": self.n_ctx}
+        if converted:  # a GGUF file: say which folder was loaded and what it was made from
+            self.resolved |= {"path": source, "source_sha256": converted["source_sha256"]}
         self.reset()
 
     @classmethod
     def peek_vocab(cls, model: str | None, role: str = "target", **opts) -> Vocab:
-        """The vocabulary without loading weights (options do not change it)."""
-        return hf.peek_vocab(model, role)
+        """The vocabulary without loading weights (options do not change it; a GGUF file is
+        converted first, to the dtype the backend will load)."""
+        dtype = opts.get("dtype") or ("float16" if pick_device(opts.get("device")).type == mx.gpu
+                                      else "float32")
+        return hf.peek_vocab(model, role, dtype=dtype)
 
     @classmethod
     def devices(cls) -> list[str]:

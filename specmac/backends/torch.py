@@ -1,4 +1,5 @@
-"""PyTorch via transformers: any causal LM in a Hugging Face folder (safetensors only), cpu | mps | cuda.
+"""PyTorch via transformers: any causal LM in a Hugging Face folder (safetensors only) or a GGUF file
+(dequantised once to the dtype, cached as a folder: specmac.backends.convert), cpu | mps | cuda.
 
 The KV cache is a transformers ``DynamicCache``; rewinding crops it. Logits come back as float32
 numpy rows, one per appended token.
@@ -59,12 +60,8 @@ class TorchBackend(BaseBackend):
 
     def __init__(self, model: str | None = None, *, role: str = "target", **opts) -> None:
         o = {k: v.default for k, v in self.options.items()} | opts
-        folder = hf.resolve_model(model, role)
-        device = o["device"] or default_device()
-        if device not in self.devices():
-            raise BadOption(f"option device={device} is not available here: use one of "
-                            f"{', '.join(self.devices())}")
-        dtype = o["dtype"] or ("float32" if device == "cpu" else "float16")
+        device, dtype = device_and_dtype(o)
+        folder, converted = hf.resolve(model, role, dtype)
         if o["n_threads"] is not None:
             if o["n_threads"] < 1:
                 raise BadOption(f"option n_threads={o['n_threads']} is out of range: use >= 1")
@@ -81,6 +78,8 @@ class TorchBackend(BaseBackend):
         self.resolved = {"device": device, "dtype": dtype, "n_threads": torch.get_num_threads(),
                          "trust_remote_code": o["trust_remote_code"], "n_ctx": self.n_ctx,
                          "logits_to_keep": self._keep_arg is not None}
+        if converted:  # a GGUF file: say which folder was loaded and what it was made from
+            self.resolved |= {"path": folder, "source_sha256": converted["source_sha256"]}
 
     @classmethod
     def devices(cls) -> list[str]:
@@ -90,7 +89,8 @@ class TorchBackend(BaseBackend):
     @classmethod
     def peek_vocab(cls, model: str | None, role: str = "target", **opts) -> Vocab:
         """The vocabulary from the tokenizer files alone (no weights are read)."""
-        return hf.peek_vocab(model, role, opts.get("trust_remote_code", False))
+        dtype = device_and_dtype({"device": None, "dtype": None} | opts)[1]
+        return hf.peek_vocab(model, role, opts.get("trust_remote_code", False), dtype)
 
     # --- the contract ---------------------------------------------------------------------
     @property
@@ -142,6 +142,15 @@ class TorchBackend(BaseBackend):
 
     def apply_chat_template(self, prompt: str) -> str:
         return hf.apply_chat_template(self.tokenizer, prompt)
+
+
+def device_and_dtype(o: dict) -> tuple[str, str]:
+    """The device and dtype options after defaults (float32 on cpu, float16 on mps/cuda)."""
+    device = o["device"] or default_device()
+    if device not in TorchBackend.devices():
+        raise BadOption(f"option device={device} is not available here: use one of "
+                        f"{', '.join(TorchBackend.devices())}")
+    return device, o["dtype"] or ("float32" if device == "cpu" else "float16")
 
 
 def load_model(folder: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool):

@@ -1,0 +1,147 @@
+"""The folder of converted models: one entry per (source file, format, precision), made once.
+
+Each entry is a folder under ``cache_root()`` (``$SPECMAC_CACHE/converted``, default
+``~/.cache/specmac/converted``) holding the converted model and ``specmac_source.json``: where it
+came from, the source's SHA-256 and how it was made. An entry is built in a hidden temporary folder
+and renamed into place, so a failed or interrupted conversion leaves nothing that looks complete.
+Imports the standard library alone (the converters import their frameworks themselves).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+SIDECAR = "specmac_source.json"
+TMP_PREFIX = ".tmp-"
+
+
+def cache_root() -> Path:
+    """Where converted models live: $SPECMAC_CACHE/converted, else ~/.cache/specmac/converted."""
+    base = os.environ.get("SPECMAC_CACHE") or Path.home() / ".cache" / "specmac"
+    return Path(base).expanduser() / "converted"
+
+
+def sha256_path(path: Path, chunk: int = 1 << 22) -> str:
+    """SHA-256 of a file; of a folder, the SHA-256 of its sorted "name sha256" lines (files only)."""
+    if path.is_dir():
+        lines = [f"{f.name} {sha256_path(f)}\n" for f in sorted(path.iterdir()) if f.is_file()
+                 and f.name != SIDECAR]
+        return hashlib.sha256("".join(lines).encode()).hexdigest()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _signature(path: Path) -> dict:
+    """Cheap identity of a source (path, size, mtime) so a cache hit needs no re-hash."""
+    files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else [path]
+    return {"path": str(path.resolve()), "bytes": sum(f.stat().st_size for f in files),
+            "mtime_ns": max(f.stat().st_mtime_ns for f in files)}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", text).strip("._")[:80] or "model"
+
+
+def read_sidecar(entry: Path) -> dict | None:
+    try:
+        return json.loads((entry / SIDECAR).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def entries() -> Iterator[tuple[Path, dict]]:
+    """Every complete entry with its sidecar, sorted by name (temporary folders excluded)."""
+    root = cache_root()
+    if not root.is_dir():
+        return
+    for entry in sorted(root.iterdir()):
+        if entry.is_dir() and not entry.name.startswith(TMP_PREFIX):
+            meta = read_sidecar(entry)
+            if meta is not None:
+                yield entry, meta
+
+
+def entry_bytes(entry: Path) -> int:
+    return sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+
+
+def lookup(source: Path, variant: str) -> tuple[Path, dict] | None:
+    """The entry made from this source (same path, size and mtime) as ``variant``, if any."""
+    sig = _signature(source)
+    for entry, meta in entries():
+        if meta.get("variant") == variant and meta.get("source_signature") == sig:
+            return entry, meta
+    return None
+
+
+def converted(source: str | Path, variant: str, build: Callable[[Path, Path], None], *,
+              what: str, details: dict | None = None) -> tuple[Path, dict]:
+    """The cache entry for ``source`` as ``variant``: found, or made once by ``build(source, folder)``.
+
+    ``build`` writes into an empty temporary folder; on success the folder gets the sidecar and is
+    renamed to ``<name>-<sha12>-<variant>``; on any failure it is removed. Returns (entry, sidecar).
+    """
+    source = Path(source).expanduser()
+    hit = lookup(source, variant)
+    if hit:
+        return hit
+    sha = sha256_path(source)
+    root = cache_root()
+    final = root / f"{_slug(source.stem if source.is_file() else source.name)}-{sha[:12]}-{variant}"
+    meta = read_sidecar(final)
+    if meta is not None:  # same content under another path or mtime: reuse it
+        return final, meta
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}.", dir=root))
+    tmp.chmod(0o755)  # mkdtemp makes it private; an entry is an ordinary folder
+    status(f"specmac: converting {source} to {what} (once; cached in {final})")
+    try:
+        build(source, tmp)
+        meta = {"source": str(source.resolve()), "source_sha256": sha, "variant": variant,
+                "source_signature": _signature(source), "what": what, **(details or {}),
+                "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        (tmp / SIDECAR).write_text(json.dumps(meta, indent=2) + "\n")
+        if final.exists():  # made meanwhile by another process: keep theirs
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final, meta
+
+
+def remove(entry: Path) -> None:
+    """Delete one entry (or a leftover temporary folder) of the cache."""
+    entry = Path(entry)
+    if entry.parent.resolve() != cache_root().resolve():
+        raise ValueError(f"{entry} is not an entry of {cache_root()}")
+    shutil.rmtree(entry)
+
+
+def leftovers() -> list[Path]:
+    """Temporary folders of conversions that died without cleaning up (e.g. killed)."""
+    root = cache_root()
+    return sorted(p for p in root.iterdir() if p.name.startswith(TMP_PREFIX)) if root.is_dir() else []
+
+
+def status(line: str) -> None:
+    """A one-time conversion is slow: say so on stderr (one line)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def progress_bars() -> bool:
+    """Show the converters' progress bars only on a terminal."""
+    return sys.stderr.isatty()
