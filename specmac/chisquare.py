@@ -68,6 +68,25 @@ def two_sample(a: Sequence[Hashable], b: Sequence[Hashable]) -> ChiSquare:
     return ChiSquare(chi2, dof, float(stats.chi2.sf(chi2, dof)), t.shape[1])
 
 
+def combine(tests: Sequence[ChiSquare]) -> ChiSquare:
+    """Independent chi-square tests (e.g. one per context) as one: chi2 and dof add up."""
+    chi2, dof = sum(t.chi2 for t in tests), sum(t.dof for t in tests)
+    p = float(stats.chi2.sf(chi2, dof)) if dof > 0 else 1.0
+    return ChiSquare(chi2, dof, p, sum(t.n_categories for t in tests))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values [m]: valid whatever the dependence between the tests. The smallest
+    adjusted value is the Bonferroni p-value of the whole family, min(1, m * min p)."""
+    m = len(p_values)
+    order = np.argsort(p_values, kind="stable")
+    adjusted, running = [1.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 def noncentrality_for_power(dof: int, alpha: float = 0.05, power: float = 0.8) -> float:
     """The noncentrality at which a level-alpha chi-square test with dof rejects with `power`."""
     crit = stats.chi2.isf(alpha, dof)

@@ -203,8 +203,9 @@ def sampling_options(f: Callable | None = None, *, temperature: float = 0.0) -> 
                      show_default=True, help="Nucleus sampling mass; 1 is off."),
         click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.0, metavar="P",
                      show_default=True, help="Drop tokens below min-p x the top probability; 0 is off."),
-        click.option("--seed", type=int, default=0, show_default=True, metavar="N",
-                     help="Seed of the sampler (the same seed gives the same text)."),
+        click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, metavar="N",
+                     help="Seed of the sampler, >= 0 (the same seed gives the same text with a fixed "
+                          "--k; not with --k auto, whose K follows measured timings)."),
     ]
 
     def apply(g: Callable) -> Callable:
@@ -292,7 +293,8 @@ def use_color(flag: bool | None, as_json: bool) -> bool:
 @sampling_options
 @click.option("--k", "k_text", default="4", show_default=True, metavar="K|auto",
               help="Draft tokens per step, or 'auto' (chosen every step by the cost model; "
-                   "0 drafts when no K is predicted to pay).")
+                   "0 drafts when no K is predicted to pay). 'auto' is not reproducible: K depends on "
+                   "wall-clock timings, so the same --seed can give other text.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, metavar="N",
               help="Stop after N generated tokens (or at EOS, or at the context window).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False),
@@ -331,34 +333,42 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
 @pair_options
 @sampling_options(temperature=1.0)
 @click.option("--k", "k_text", default="4", show_default=True, metavar="K")
-@click.option("--tokens", type=click.IntRange(min=1), default=4000, show_default=True, metavar="N",
-              help="Tokens generated per method (speculative and target-only).")
-@click.option("--length", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Test the token at each position 1..N after the context [default: k+1, so every "
-                   "draft position and the bonus token are covered].")
+@click.option("--tokens", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Tokens generated per method (speculative and target-only), rounded up to whole "
+                   "sequences [default: 100000; a 1.5B model on a CPU wants ~10000].")
+@click.option("--length", type=click.IntRange(min=2), default=None, metavar="N",
+              help="Tokens per sequence; every position 1..N is tested [default: 2k+2, so drafts at "
+                   "every position 1..k, corrections and bonus tokens of first and later steps occur].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def verify(k_text, tokens, length, as_json, **kw):
-    """Is the output still the target's? Two-sample chi-square and greedy agreement.
+    """Is the output still the target's? Chi-square tests per position, and greedy agreement.
 
-    Each sample generates j tokens after a fixed context and keeps the j-th (j cycles over
-    1..--length), with speculative and with target-only decoding; the two histograms of
-    (context, position, token) are compared. The verdict says how large a difference would have
-    been caught (the minimum detectable total-variation distance).
+    Each method (speculative, target-only) generates independent continuations of --length
+    tokens after a few fixed contexts. The distribution of the token at every position, of every
+    two neighbouring tokens and of the first three tokens is compared between the methods (one
+    two-sample chi-square each, summed over contexts, Holm-adjusted for the family). Accepted
+    drafts, corrections and bonus tokens are all tested; the JSON counts them (n_by_kind). The
+    verdict says how large a difference would have been caught. At temperature 0 the greedy
+    sequences are compared, and a mismatch that is not a near-tie flip is a FAIL.
     """
     from specmac import cli_render
+    from specmac.proof import DEFAULT_CONTEXTS, DEFAULT_TOKENS, default_length
 
     if kw["draft"] == "none":
         raise UserError("verify needs a draft: add --draft BACKEND (or --draft ngram)")
     k = parse_k(k_text)
     if not isinstance(k, int):
         raise UserError("verify needs a fixed --k (an integer >= 1)")
-    length = length or k + 1
-    if tokens < length * (length + 1) // 2:
-        raise UserError(f"--tokens {tokens} is too few to visit positions 1..{length} once: raise --tokens")
+    length = length or default_length(k)
+    tokens = tokens or DEFAULT_TOKENS
+    if tokens < length * len(DEFAULT_CONTEXTS):
+        raise UserError(f"--tokens {tokens} is too few for one sequence of {length} tokens per context "
+                        f"({len(DEFAULT_CONTEXTS)} contexts): use --tokens {length * len(DEFAULT_CONTEXTS)} "
+                        "or more")
     params = sampling_params(kw)
     pair = load_pair(kw)
     cli_render.verify(pair, params=params, k=k, tokens=tokens, length=length, seed=kw["seed"],
-                  as_json=as_json)
+                      as_json=as_json)
 
 
 # --- backends -----------------------------------------------------------------------------
@@ -374,7 +384,7 @@ def backends(as_json):
 
 def _register_extra_commands() -> None:
     """Commands in their own modules (probes, compare) attach themselves to ``main``."""
-    for module in ("specmac.cli_probes", "specmac.cli_compare", "specmac.cli_models"):
+    for module in ("specmac.cli_probes", "specmac.cli_compare"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as e:

@@ -236,6 +236,9 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
 
 # --- verify ----------------------------------------------------------------------------------
 
+KINDS = ("accepted", "corrected", "bonus", "target")
+
+
 def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: int, seed: int,
            as_json: bool) -> None:
     from specmac.proof import two_sample_check
@@ -248,7 +251,7 @@ def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: i
         from rich.progress import Progress
 
         with Progress(console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task("sampling speculative and target-only", total=tokens)
+            task = bar.add_task("sampling speculative and target-only", total=2 * tokens)
             res = two_sample_check(pair, **kw, progress=lambda n: bar.advance(task, n))
     res.update(pair.info())
     res["verdict"] = verdict(res)
@@ -262,45 +265,71 @@ def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: i
 
 
 def verify_table(res: dict) -> list[str]:
-    rows = [("chi-square", f"{res['chi2']:.1f} on {res['dof']} dof ({res['n_categories']} categories)"),
-            ("p-value", f"{res['p_value']:.3g}"),
-            ("samples per method", f"{res['n_samples_per_method']} ({res['n_tokens_per_method']} tokens, "
-                                   f"positions 1..{res['positions']})"),
-            ("min detectable TV", f"{res['min_detectable_tv']:.3f} (80% power, 5% level)"),
+    kinds = res.get("n_by_kind", {})
+    decisive = res.get("decisive_test", "-")
+    rows = [("decisive test", f"{decisive}: chi-square {res['chi2']:.1f} on {res['dof']} dof "
+                              f"({res['n_categories']} categories)"),
+            ("p-value", f"{res['p_value']:.3g} (Holm-adjusted over {res.get('n_tests', 1)} tests)"),
+            ("sequences per method", f"{res['n_samples_per_method']} x {res['positions']} tokens "
+                                     f"({res['n_tokens_per_method']} tokens generated)"),
+            ("tokens tested", ", ".join(f"{kinds[x]} {x}" for x in KINDS if x in kinds)
+                              + f"; {kinds.get('end', 0)} sequences ended early"),
+            ("min detectable TV", f"{res['min_detectable_tv']:.3f} per (context, position) "
+                                  "(80% power, 5% family-wise)"),
             ("greedy agreement", f"{res['greedy_agreement']:.0%} of {len(res['contexts'])} contexts, "
                                  f"{res['greedy_tokens']} tokens each")]
     width = max(len(r[0]) for r in rows)
-    return [f"{name:<{width}}  {value}" for name, value in rows]
+    out = [f"{name:<{width}}  {value}" for name, value in rows]
+    if res.get("per_position"):
+        out += ["", "position  p-value  min TV  accepted corrected  bonus target"]
+        for r in res["per_position"]:
+            kd = r.get("kinds", {})
+            out.append(f"{r['test'].split()[1]:>8}  {r['p_value']:7.3f}  {r['min_detectable_tv']:6.3f}  "
+                       f"{kd.get('accepted', 0):8d} {kd.get('corrected', 0):9d} {kd.get('bonus', 0):6d} "
+                       f"{kd.get('target', 0):6d}")
+    return out
 
 
 def verdict(res: dict) -> str:
-    """Plain language: the outcome, what the test would have caught and what it cannot see."""
+    """Plain language: the outcome, what the tests would have caught and what they cannot see."""
+    from specmac.proof_greedy import summary
+
     p, tv, n = res["p_value"], res["min_detectable_tv"], res["positions"]
+    bad_greedy = [m for m in res.get("greedy_mismatches", []) if not m.get("near_tie")]
     if res["dof"] < 1:
-        return ("NO VERDICT: all samples fell into one category (rare tokens are pooled), so there "
+        return ("NO VERDICT: every position fell into one category (rare tokens are pooled), so there "
                 "is nothing to compare: raise --tokens or lower --temperature.")
-    if p < 0.001:
-        head = (f"FAIL: speculative and target-only samples differ (p = {p:.2g}): the output is not "
-                "the target's distribution; check the vocabularies and `specmac probe-parallelism`.")
+    if p < 0.001 or bad_greedy:
+        what = (f"speculative and target-only samples differ (p = {p:.2g}, {res.get('decisive_test')})"
+                if p < 0.001 else "greedy speculative and target-only outputs part where no rounding can "
+                                  "explain it")
+        head = (f"FAIL: {what}: the output is not the target's distribution; check the vocabularies "
+                "and `specmac probe-parallelism`.")
     elif p < 0.05:
         head = (f"INCONCLUSIVE: p = {p:.2g} is low but not alarming (1 honest run in 20 gets "
                 "p < 0.05): rerun with another --seed or more --tokens.")
     else:
         head = f"PASS: no difference detected between speculative and target-only decoding (p = {p:.2g})."
-    cats = res["n_categories"]
-    can = (f"Can detect: with 80% power, a shift of total variation >= {tv:.3f} over the {cats} "
-           f"categories the counts allowed (the token at each position 1..{n} after "
-           f"{len(res['contexts'])} contexts; rare tokens pooled into one).")
+    kinds = res.get("n_by_kind", {})
+    tested = ("Tested: " + ", ".join(f"{kinds[x]} {x}" for x in KINDS if x in kinds)
+              + " tokens; a sequence that stopped early (EOS) counts as 'end' at every later position."
+              if kinds else "")
+    can = (f"Can detect: with 80% power, a shift of total variation >= {tv:.3f} in the distribution of the "
+           f"token at any one position 1..{n} after any one of the {len(res['contexts'])} contexts (one "
+           "group on its own, not diluted over the mixture of groups; TV over the categories kept, rare "
+           "tokens pooled), and shifts in the joint distribution of neighbouring tokens and of the first "
+           "three tokens.")
     cannot = ("Cannot detect: smaller shifts, shifts among the pooled rare tokens, dependence between "
-              "positions (the synthetic tests check joint distributions exactly), later positions or "
-              "other prompts; 4x the --tokens halves the detectable TV.")
-    lines = [head, can, cannot]
-    if cats < 10:
-        lines.append(f"Only {cats} categories: raise --tokens, or sample a narrower distribution "
-                     "(lower --temperature, --top-k), so that more tokens are counted on their own.")
-    if res["greedy_agreement"] < 1:
-        lines.append("Greedy sequences differ in some contexts: batched and serial passes round "
-                     "differently in low precision (see `specmac probe-parallelism`).")
+              "tokens further apart (the synthetic tests check joint distributions exactly), positions "
+              f"after {n}, other contexts or sampling settings. More --tokens lowers the detectable TV "
+              "by less than 1/sqrt(tokens), because rare tokens leave the pool and add categories.")
+    lines = [head] + ([tested] if tested else []) + [can, cannot]
+    if res["n_categories"] < 10 and res["dof"] >= 1:
+        lines.append(f"Only {res['n_categories']} categories in the decisive test: raise --tokens, or "
+                     "sample a narrower distribution (lower --temperature, --top-k), so that more tokens "
+                     "count on their own.")
+    for m in res.get("greedy_mismatches", []):
+        lines.append(f"Greedy, context {m['context'] + 1}: {summary(m)}.")
     return "\n".join(lines)
 
 

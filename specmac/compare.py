@@ -320,6 +320,27 @@ def _aggregate_one(rs: list[dict], base: dict, greedy: bool) -> dict:
     return out
 
 
+def diagnose_greedy(results: list[dict], runs: list[dict], settings: Settings, loaded: Loaded) -> None:
+    """Where a greedy run's output differs from the target-only run's: at which token they part and
+    whether it is a near-tie flip (see specmac.proof_greedy), once per (configuration, prompt).
+    Adds greedy_mismatches and greedy_unexplained (mismatches no rounding explains) to each row."""
+    from specmac.proof_greedy import diagnose
+
+    base = {(r["target"], r["prompt"], r["round"]): r["output_sha1"] for r in runs if r["draft"] == BASELINE}
+    prompts = {p["id"]: p["text"] for p in settings.prompts}
+    for row in results:
+        if row.get("greedy_match") in (None, 1.0):
+            continue
+        c = Config(row["draft"], row["target"], row["k"])
+        bad = dict.fromkeys(r["prompt"] for r in runs if r["config"] == row["config"]
+                            and r["output_sha1"] != base.get((r["target"], r["prompt"], r["round"])))
+        pair = loaded.pair(c)
+        found = [diagnose(pair, pair.encode(prompts[p]), k=c.k, max_tokens=settings.max_tokens)
+                 | {"prompt": p} for p in bad]
+        row["greedy_mismatches"] = [d for d in found if not d["match"]]  # a mismatch may not reproduce
+        row["greedy_unexplained"] = sum(not d["near_tie"] for d in row["greedy_mismatches"])
+
+
 def _per_position(rs: list[dict]) -> list[float | None]:
     n = max((len(r["reached"]) for r in rs), default=0)
     reached, acc = np.zeros(n), np.zeros(n)
@@ -378,6 +399,8 @@ def run_compare(settings: Settings, *, command: str | None = None,
     if not runs:
         raise SpecmacError("interrupted before the first round was complete: nothing to report")
     results = aggregate(runs, settings.params.greedy)
+    if settings.params.greedy:
+        diagnose_greedy(results, runs, settings, loaded)
     attach_predictions(results, predictions)
     return {"format": FORMAT, "provenance": prov,
             "settings": settings.to_dict(), "backends": backends, "interrupted": interrupted,

@@ -121,8 +121,21 @@ def _target_table(record: dict, target: str) -> list[str]:
             f"{fmt(med(sp, 'p25'), '.2f')}–{fmt(med(sp, 'p75'), '.2f')} | "
             f"{fmt(r.get('predicted_speedup'), '.2f', '×')} | {fmt(r['acceptance_rate'], '.3f')} | "
             f"{fmt(r['tokens_per_target_pass'], '.2f')} | {fmt(r.get('predicted_tokens_per_pass'), '.2f')} | "
-            f"{per or '–'} | {split} % | {fmt(r['greedy_match'], '.0%')} |")
+            f"{per or '–'} | {split} % | {greedy_cell(r)} |")
     return out + [""]
+
+
+def greedy_cell(r: dict) -> str:
+    """Greedy match, and for the mismatches: near-tie flips or NOT (a bug)."""
+    cell = fmt(r["greedy_match"], ".0%")
+    mm = r.get("greedy_mismatches") or []
+    if mm:
+        ties = sum(m["near_tie"] for m in mm)
+        parts = [f"{ties} near-tie flip{'s' * (ties != 1)}"] if ties else []
+        parts += [f"{len(mm) - ties} NOT near-tie (bug)"] if len(mm) > ties else []
+        first = ", ".join(f"{m['prompt']}@{m['first_difference'] + 1}" for m in mm)
+        cell += f" ({'; '.join(parts)}; part at {first})"
+    return cell
 
 
 def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
@@ -149,7 +162,10 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
            "by the target-only run of the same target, prompt and round; IQR = 25th–75th percentile.",
            "- Acceptance and tokens per target pass are pooled over all runs; per-position acceptance is "
            "conditional (of the steps that reached draft position i, the fraction accepted). Greedy "
-           "match: share of runs whose output equals the target-only output (temperature 0 only).",
+           "match: share of runs whose output equals the target-only output (temperature 0 only); a "
+           "mismatch names the prompt and the token where they part, and is a near-tie flip when the "
+           "target's top-2 logit gap there is below its batched-vs-serial logit difference at that "
+           "point, else NOT near-tie: a bug.",
            "- Predicted: `specmac.advise.advise` for each pairing, run before the measurement "
            f"(acceptance from the first {ADVISE_PROMPTS} prompts)."]
     out += [f"- No prediction for {p}: {e}" for p, e in errors.items()]

@@ -13,10 +13,15 @@ import numpy as np
 
 from specmac.errors import BadOption
 
+# below this, logits / temperature overflows float64 for ordinary logits and warp gives NaN rows;
+# temperature 0 (greedy) is the way to ask for the argmax
+MIN_TEMPERATURE = 1e-6
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 is greedy; top_k 0, top_p 1 and min_p 0 switch those filters off."""
+    """temperature 0 is greedy, else at least MIN_TEMPERATURE (smaller ones underflow: an error,
+    not silently greedy); top_k 0, top_p 1 and min_p 0 switch those filters off."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -25,14 +30,15 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
-        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
-            raise BadOption(f"temperature {t!r} is out of range: use a number >= 0 (0 = greedy)")
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and (t == 0 or t >= MIN_TEMPERATURE)):
+            raise BadOption(f"temperature {t!r} is out of range: use 0 (greedy) or a number >= "
+                            f"{MIN_TEMPERATURE:g}", param="temperature")
         if not (isinstance(k, int) and not isinstance(k, bool) and k >= 0):
-            raise BadOption(f"top_k {k!r} is out of range: use an integer >= 0 (0 = off)")
+            raise BadOption(f"top_k {k!r} is out of range: use an integer >= 0 (0 = off)", param="top_k")
         if not (isinstance(p, (int, float)) and 0 < p <= 1):
-            raise BadOption(f"top_p {p!r} is out of range: use a number in (0, 1] (1 = off)")
+            raise BadOption(f"top_p {p!r} is out of range: use a number in (0, 1] (1 = off)", param="top_p")
         if not (isinstance(m, (int, float)) and 0 <= m < 1):
-            raise BadOption(f"min_p {m!r} is out of range: use a number in [0, 1) (0 = off)")
+            raise BadOption(f"min_p {m!r} is out of range: use a number in [0, 1) (0 = off)", param="min_p")
 
     @property
     def greedy(self) -> bool:

@@ -89,6 +89,11 @@ CASES = [
     Case("unknown-option", ("run", *SYN, "--temprature", "1", "hi"), "no such option"),
     Case("unknown-command", ("rnu", "hi"), "no such command 'rnu'"),
     Case("verify-without-draft", ("verify", *SYN), "verify needs a draft"),
+    Case("verify-too-few-tokens", ("verify", *PAIR, "--tokens", "10"), "--tokens 10 is too few"),
+    Case("temperature-underflows", ("run", *SYN, "--temperature", "1e-320", "hi"),
+         "--temperature 1e-320 is out of range: use 0 (greedy) or a number >= 1e-06"),
+    Case("seed-negative-run", ("run", *SYN, "--seed", "-1", "hi"), "--seed"),
+    Case("seed-negative-verify", ("verify", *PAIR, "--seed", "-5"), "--seed"),
     Case("baseline-without-draft", ("run", *SYN, "--baseline", "hi"), "add --draft"),
 ]
 
@@ -311,21 +316,34 @@ def test_run_reads_stdin():
     assert piped["prompt"] == "hello" and piped["token_ids"] == argued["token_ids"]
 
 
-def test_verify_json_keys():
-    r = _invoke(["verify", *PAIR, "--temperature", "1", "--tokens", "3000", "--json"])
+VERIFY_KEYS = ("chi2", "dof", "p_value", "n_categories", "n_samples_per_method", "n_tokens_per_method",
+               "positions", "min_detectable_tv", "greedy_agreement", "greedy_tokens", "contexts", "k",
+               "sampling", "n_by_kind", "per_position", "joint", "decisive_test", "n_tests",
+               "greedy_mismatches", "verdict")
+
+
+def test_verify_json_keys_and_every_kind_of_token_tested():
+    r = _invoke(["verify", *PAIR, "--temperature", "1", "--tokens", "6000", "--json"])
     out = json.loads(r.stdout)
-    for key in ("chi2", "dof", "p_value", "n_tokens_per_method", "greedy_agreement", "min_detectable_tv"):
+    for key in VERIFY_KEYS:
         assert key in out, key
-    assert out["n_tokens_per_method"] == 3000 and out["greedy_agreement"] == 1.0
-    assert 0 < out["min_detectable_tv"] < 1
+    assert out["positions"] == 10 and out["n_samples_per_method"] == 600  # 100 x 6 contexts x 10 tokens
+    assert 5000 < out["n_tokens_per_method"] <= 6000 and out["greedy_agreement"] == 1.0
+    kinds = out["n_by_kind"]
+    assert min(kinds["accepted"], kinds["corrected"], kinds["bonus"]) > 100, kinds
+    assert sum(kinds[x] for x in ("accepted", "corrected", "bonus", "target")) == out["n_tokens_per_method"]
+    assert out["per_position"][0]["kinds"]["accepted"] > 0  # position 1 holds draft tokens
+    assert len(out["per_position"]) == 10 and out["n_tests"] <= 10 + 9 + 1  # tests with dof 0 are left out
+    assert 0 < out["min_detectable_tv"] < 1 and out["verdict"].startswith("PASS")
 
 
 def test_verify_text_has_table_and_plain_verdict():
     r = _invoke(["verify", *PAIR, "--tokens", "3000"])
     out = r.stdout
     assert "p-value" in out and "min detectable TV" in out and "greedy agreement" in out
+    assert "tokens tested" in out and "bonus" in out
     assert "Can detect: with 80% power, a shift of total variation >=" in out
-    assert "Cannot detect:" in out
+    assert "not diluted over the mixture" in out and "Cannot detect:" in out
 
 
 def _res(**kw) -> dict:
@@ -333,9 +351,15 @@ def _res(**kw) -> dict:
             "n_categories": 41, "contexts": ["a", "b"], "greedy_agreement": 1.0} | kw
 
 
+_TIE = {"match": False, "first_difference": 6, "top2_gap": 0.01, "batched_vs_serial": 0.03,
+        "near_tie": True, "context": 0}
+
+
 @pytest.mark.parametrize("res, head", [
     (_res(), "PASS"), (_res(p_value=1e-6), "FAIL"), (_res(p_value=0.02), "INCONCLUSIVE"),
-    (_res(dof=0, n_categories=1, p_value=1.0), "NO VERDICT")])
+    (_res(dof=0, n_categories=1, p_value=1.0), "NO VERDICT"),
+    (_res(greedy_agreement=0.5, greedy_mismatches=[_TIE]), "PASS"),
+    (_res(greedy_agreement=0.5, greedy_mismatches=[_TIE | {"near_tie": False, "top2_gap": 2.0}]), "FAIL")])
 def test_verdict_branches(res, head):
     from specmac.cli_render import verdict
 
@@ -347,8 +371,8 @@ def test_verdict_branches(res, head):
 def test_verdict_explains_greedy_disagreement_and_few_categories():
     from specmac.cli_render import verdict
 
-    text = verdict(_res(greedy_agreement=0.5, dof=4, n_categories=5))
-    assert "Greedy sequences differ" in text and "Only 5 categories" in text
+    text = verdict(_res(greedy_agreement=0.5, dof=4, n_categories=5, greedy_mismatches=[_TIE]))
+    assert "Greedy, context 1: part at token 7: near-tie flip" in text and "Only 5 categories" in text
 
 
 # --- version, backends, help --------------------------------------------------------------------

@@ -1,87 +1,73 @@
 """Level 2 of the proof and the loop's contract, with the synthetic pair (numpy only).
 
-The synthetic target's next-token logits are known exactly, so the distribution of the first L
-generated tokens is computable by enumeration; the whole loop is checked against it.
+The synthetic target's next-token logits are known exactly, so the marginal of the token at every
+position, of every two neighbouring tokens and the joint first tokens are computable (tests/exact.py);
+the whole loop is checked against them with K up to 8 and sequences of L = 10 tokens, after a few
+prompts, on a vocabulary where the residual max(0, p - q) has several tokens. The planted bugs
+these tests must reject are in tests/test_planted_bugs.py.
 """
 
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 import pytest
+from exact import END, PROMPTS, L, exact_distribution, exact_marginals, gof, level2, synthetic_pair
 from scipy import stats as sstats
 
 from specmac.api import Pair
 from specmac.backends.synthetic import SyntheticBackend
 from specmac.calibration import adaptive_policy
-from specmac.chisquare import goodness_of_fit
 from specmac.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft
 from specmac.policy import AdaptiveK
-from specmac.rejection import acceptance_probability
+from specmac.rejection import acceptance_probability, residual
 from specmac.sampling import SamplingParams, sample, warp
 
-L = 3  # tokens per sample
 
-
-def synthetic_pair(V=6, noise=0.8, eos_bias=-1.0, seed=3, **kw):
-    target = SyntheticBackend(role="target", vocab_size=V, seed=seed, eos_bias=eos_bias, **kw)
-    draft = SyntheticBackend(role="draft", vocab_size=V, seed=seed, eos_bias=eos_bias, noise=noise, **kw)
-    return Pair(target, ModelDrafter(draft))
-
-
-def exact_distribution(target, prompt, params, length=L):
-    """{token tuple: probability}; EOS ends a sequence early (and is not part of it)."""
-    dist = defaultdict(float)
-
-    def walk(seq, prob):
-        if len(seq) == length:
-            dist[tuple(seq)] += prob
-            return
-        p = warp(target.next_logits(prompt + seq)[None], params)[0]
-        for x in np.flatnonzero(p):
-            if x == target.eos_id:
-                dist[tuple(seq)] += prob * p[x]
-            else:
-                walk(seq + [int(x)], prob * p[x])
-
-    walk([], 1.0)
-    return dist
-
-
-def sample_sequences(pair, prompt, params, k, n, seed, rule=None):
-    return Counter(tuple(pair.generate(prompt, params=params, max_tokens=L, k=k, seed=seed * 100_003 + i,
-                                       rule=rule).token_ids) for i in range(n))
-
-
-def gof(pair, prompt, params, k, n=3000, seed=0, rule=None):
-    exact = exact_distribution(pair.target, prompt, params)
-    counts = sample_sequences(pair, prompt, params, k, n, seed, rule)
-    keys = sorted(set(exact) | set(counts))
-    return goodness_of_fit(np.array([counts[x] for x in keys]), np.array([exact.get(x, 0.0) for x in keys]))
-
-
-def test_exact_distribution_sums_to_one():
+def test_exact_distributions_sum_to_one_and_agree():
     pair = synthetic_pair()
-    d = exact_distribution(pair.target, [1, 2], SamplingParams(1.0))
+    params = SamplingParams(1.0)
+    d = exact_distribution(pair.target, [1, 2], params, 3)
     assert abs(sum(d.values()) - 1) < 1e-12
-    assert any(len(s) < L for s in d)  # EOS paths are included
+    assert any(len(s) < 3 for s in d)  # EOS paths are included
+    marg, pairs = exact_marginals(pair.target, [1, 2], params, L)
+    assert all(abs(sum(m.values()) - 1) < 1e-12 for m in marg + pairs)
+    first = Counter()
+    for seq, prob in d.items():
+        first[seq[0] if seq else END] += prob
+    assert all(abs(first[x] - marg[0].get(x, 0)) < 1e-12 for x in set(first) | set(marg[0]))
 
 
-@pytest.mark.parametrize("k", [1, 2, 4])
+def test_the_residual_has_several_tokens():
+    """Residual bugs are visible only where max(0, p - q) has more than one token."""
+    pair = synthetic_pair()
+    for prompt in PROMPTS:
+        p, q = (warp(b.next_logits(list(prompt))[None], SamplingParams(1.0))[0]
+                for b in (pair.target, pair.drafter.backend))
+        assert (residual(p, q) > 0.05).sum() >= 3, prompt
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7), SamplingParams(1.0, top_k=3),
                                     SamplingParams(1.2, top_p=0.8), SamplingParams(1.0, min_p=0.1)],
                          ids=["t1", "t0.7", "topk3", "topp0.8", "minp0.1"])
 def test_loop_matches_exact_distribution(k, params):
-    pair = synthetic_pair()
-    res = gof(pair, [1, 2], params, k)
-    assert res.p_value > 1e-3, res
+    res = level2(synthetic_pair(), params, k, n=500, seed=k)
+    assert res["p"] > 1e-3, res
+
+
+def test_k_reaches_8_within_a_sequence():
+    """max_tokens caps K at max_tokens - n_out - 1: with L = 10, K = 8 really drafts 8."""
+    pair = synthetic_pair(noise=0.0)
+    events = list(pair.stream([1, 2], params=SamplingParams(1.0), max_tokens=L, k=8))
+    assert events[0].n_drafted == 8
 
 
 def test_ngram_drafter_is_lossless():
     target = SyntheticBackend(role="target", vocab_size=6, seed=3, eos_bias=-1.0)
     pair = Pair(target, NgramDrafter())
     prompt = [0, 1, 2, 0, 1, 2, 0, 1]  # the lookup proposes 2, 0, 1, ...
-    res = gof(pair, prompt, SamplingParams(1.0), k=3)
-    assert res.p_value > 1e-3, res
+    res = level2(pair, SamplingParams(1.0), k=3, n=1500, prompts=[prompt], length=6)
+    assert res["p"] > 1e-3, res
     assert pair.generate(prompt, params=SamplingParams(1.0), max_tokens=8, k=3).stats.n_drafted > 0
 
 
@@ -89,7 +75,12 @@ def test_ngram_drafter_is_lossless():
 def test_p_values_are_calibrated():
     """Over many seeds, p < 0.05 about 5% of the time and the p-values look uniform."""
     pair = synthetic_pair()
-    pvals = [gof(pair, [4], SamplingParams(1.0), k=2, n=600, seed=s).p_value for s in range(60)]
+    joint = exact_distribution(pair.target, [4], SamplingParams(1.0), 3)
+    pvals = []
+    for s in range(60):
+        seqs = [tuple(pair.generate([4], params=SamplingParams(1.0), max_tokens=3, k=2,
+                                    seed=s * 100_003 + i).token_ids) for i in range(600)]
+        pvals.append(gof(Counter(seqs), joint).p_value)
     rejections = sum(p < 0.05 for p in pvals)
     assert rejections <= 9, pvals  # P(Binomial(60, 0.05) > 9) < 0.005
     assert sstats.kstest(pvals, "uniform").pvalue > 1e-3
@@ -105,8 +96,8 @@ def lossy_rule(drafts, q, p, rng):
 
 def test_negative_control_is_rejected_at_the_same_sample_size():
     pair = synthetic_pair()
-    assert gof(pair, [1, 2], SamplingParams(1.0), k=2).p_value > 1e-3
-    assert gof(pair, [1, 2], SamplingParams(1.0), k=2, rule=lossy_rule).p_value < 1e-6
+    assert level2(pair, SamplingParams(1.0), 3, n=500)["p"] > 1e-3
+    assert level2(pair, SamplingParams(1.0), 3, n=500, rule=lossy_rule)["p"] < 1e-6
 
 
 @pytest.mark.parametrize("k", range(1, 9))
@@ -266,5 +257,4 @@ def test_adaptive_k_is_lossless_under_greedy_and_sampling():
     spec = pair.generate([3, 4], params=greedy, max_tokens=48, k=drafting)
     assert spec.token_ids == want
     assert spec.stats.k == "auto" and spec.stats.n_drafted > 0
-    small = synthetic_pair()
-    assert gof(small, [1, 2], SamplingParams(1.0), k=AdaptiveK(k_min=1), n=1500).p_value > 1e-3
+    assert level2(synthetic_pair(), SamplingParams(1.0), AdaptiveK(k_min=1), n=500)["p"] > 1e-3

@@ -127,3 +127,72 @@ def test_greedy_rule_on_logits_equals_on_probabilities():
         logits = rng.integers(-3, 3, size=(4, 6)).astype(np.float32)  # many ties
         drafts = list(rng.integers(0, 6, size=3))
         assert verify_greedy(drafts, None, logits) == verify_greedy(drafts, None, warp(logits, GREEDY))
+
+
+# --- the greedy diagnosis of `specmac verify` (level 3's greedy half) -------------------------
+
+def test_first_difference():
+    from specmac.proof_greedy import first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # one stopped early (EOS)
+
+
+def _pair(target_cls, **kw):
+    from specmac.api import Pair
+    from specmac.backends.synthetic import SyntheticBackend
+    from specmac.drafters import ModelDrafter
+
+    opts = {"vocab_size": 40, "seed": 2, "eos_bias": -8.0}
+    return Pair(target_cls(role="target", **opts, **kw), ModelDrafter(SyntheticBackend(role="draft", **opts)))
+
+
+def test_greedy_match_on_a_correct_pair():
+    from specmac.backends.synthetic import SyntheticBackend
+    from specmac.proof_greedy import greedy_check
+
+    res = greedy_check(_pair(SyntheticBackend), [[1], [5, 6, 7], [30, 2]], k=4, max_tokens=40)
+    assert res["greedy_agreement"] == 1.0 and res["greedy_unexplained"] == 0
+
+
+def test_a_batched_pass_that_rounds_differently_is_a_near_tie_flip():
+    """Batched rows off by a fault: where greedy outputs part, the batched-vs-serial difference
+    there is at least the target's top-2 gap (it must be, to flip the argmax)."""
+    from test_planted_bugs import FaultyBatched
+
+    from specmac.proof_greedy import greedy_check
+
+    res = greedy_check(_pair(FaultyBatched, fault=1.0), [[1], [5, 6, 7], [30, 2], [11], [20, 21]],
+                       k=4, max_tokens=40)
+    assert res["greedy_mismatches"], "the fault should flip at least one argmax"
+    for m in res["greedy_mismatches"]:
+        assert m["near_tie"] and m["top2_gap"] <= m["batched_vs_serial"], m
+    assert res["greedy_unexplained"] == 0
+
+
+def test_a_loop_bug_is_not_a_near_tie():
+    """With a rewind off by one, outputs part although batched and serial rows agree: FAIL."""
+    from test_planted_bugs import RewindOneShort
+
+    from specmac.cli_render import verdict
+    from specmac.proof_greedy import greedy_check
+
+    res = greedy_check(_pair(RewindOneShort), [[1], [5, 6, 7], [30, 2]], k=4, max_tokens=40)
+    assert res["greedy_unexplained"] >= 1
+    m = next(m for m in res["greedy_mismatches"] if not m["near_tie"])
+    assert m["batched_vs_serial"] == 0.0 and m["top2_gap"] > 0
+    full = {"p_value": 0.5, "min_detectable_tv": 0.1, "positions": 10, "dof": 40, "n_categories": 41,
+            "contexts": ["a", "b", "c"], "greedy_agreement": res["greedy_agreement"]} | res
+    text = verdict(full)
+    assert text.startswith("FAIL") and "NOT a near tie" in text
+
+
+def test_compare_greedy_cell_names_near_ties_and_bugs():
+    from specmac.report import greedy_cell
+
+    tie = {"near_tie": True, "first_difference": 11, "prompt": "p1"}
+    bug = {"near_tie": False, "first_difference": 2, "prompt": "p2"}
+    assert greedy_cell({"greedy_match": 1.0}) == "100%"
+    cell = greedy_cell({"greedy_match": 0.5, "greedy_mismatches": [tie, bug]})
+    assert cell == "50% (1 near-tie flip; 1 NOT near-tie (bug); part at p1@12, p2@3)"

@@ -1,0 +1,95 @@
+"""Greedy speculative vs greedy target-only, and why they part when they do.
+
+At temperature 0 both methods take the target's argmax, so their outputs are identical unless
+the target's batched pass (which scores the drafts) and its one-token passes (target-only
+decoding) return different logits. In low precision they differ by round-off, and where the
+target's top two logits are closer than that difference the argmax can flip: a *near-tie flip*,
+expected and harmless. A mismatch where the gap is larger than the batched-vs-serial difference
+at that very point cannot come from round-off: it is a bug (verdict FAIL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specmac.api import Pair
+from specmac.sampling import SamplingParams
+from specmac.vocab import align_logits
+
+GREEDY = SamplingParams(0.0)
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first token where a and b differ (one ending early counts); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _rows_at(pair: Pair, full: list[int], start: int, at: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The target's logits [V] for the token at index ``at`` of ``full``: (serial, batched).
+    Serial: prompt prefill then one-token passes, as target-only decoding runs. Batched: the pass
+    of the speculative step that began at index ``start``, ``width`` tokens wide (causal, so the
+    tokens after ``at`` only pad it to the width it had)."""
+    t, V = pair.target, pair.target.vocab.size
+    t.reset()
+    try:
+        if at > 1:
+            t.prefill(full[: at - 1])
+        serial = align_logits(t.score([full[at - 1]]), V)[0]
+        t.reset()
+        if start > 1:
+            t.prefill(full[: start - 1])
+        batch = full[start - 1 : start - 1 + width]
+        batched = align_logits(t.score(batch), V)[at - start]
+    finally:
+        t.reset()
+    return serial.astype(np.float64), batched.astype(np.float64)
+
+
+def diagnose(pair: Pair, prompt: Sequence[int], *, k: int, max_tokens: int) -> dict:
+    """Greedy speculative and target-only continuations of ``prompt``; where they part, the
+    target's top-2 logit gap there and the batched-vs-serial logit difference at that point."""
+    events = list(pair.stream(prompt, params=GREEDY, max_tokens=max_tokens, k=k))
+    spec = [t for e in events for t in e.tokens]
+    base = pair.baseline().generate(prompt, params=GREEDY, max_tokens=max_tokens).token_ids
+    i = first_difference(spec, base)
+    if i is None:
+        return {"match": True}
+    # the speculative step that emitted token i: its first output index and its pass width
+    step_start, width = 0, 1
+    for e in events:
+        if step_start + len(e.tokens) > i or e is events[-1]:
+            width = e.n_drafted + 1
+            break
+        step_start += len(e.tokens)
+    P = len(prompt)
+    # both continuations agree before i; pad the batch with the speculative tokens after i
+    full = list(prompt) + spec[: i] + (spec[i:] + base[i:] + [0] * width)[: width]
+    serial, batched = _rows_at(pair, full, P + step_start, P + i, width)
+    top2 = np.sort(serial)[-2:]
+    gap, delta = float(top2[1] - top2[0]), float(np.max(np.abs(batched - serial)))
+    near_tie = bool(gap <= delta)
+    return {"match": False, "first_difference": i, "speculative_token": spec[i] if i < len(spec) else None,
+            "target_token": base[i] if i < len(base) else None, "top2_gap": gap,
+            "batched_vs_serial": delta, "near_tie": near_tie}
+
+
+def greedy_check(pair: Pair, ctx_ids: Sequence[Sequence[int]], *, k: int, max_tokens: int) -> dict:
+    """diagnose() per context: agreement, and whether any mismatch is not a near-tie flip."""
+    diags = [diagnose(pair, ids, k=k, max_tokens=max_tokens) for ids in ctx_ids]
+    return {"greedy_agreement": sum(d["match"] for d in diags) / len(diags),
+            "greedy_mismatches": [d | {"context": c} for c, d in enumerate(diags) if not d["match"]],
+            "greedy_unexplained": sum(not d["match"] and not d["near_tie"] for d in diags)}
+
+
+def summary(d: dict) -> str:
+    """One mismatch in words."""
+    where = f"part at token {d['first_difference'] + 1}"
+    why = (f"top-2 gap {d['top2_gap']:.3g} <= batched-vs-serial difference {d['batched_vs_serial']:.3g}"
+           if d["near_tie"] else
+           f"top-2 gap {d['top2_gap']:.3g} > batched-vs-serial difference {d['batched_vs_serial']:.3g}")
+    return f"{where}: {'near-tie flip' if d['near_tie'] else 'NOT a near tie'} ({why})"
