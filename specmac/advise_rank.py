@@ -69,9 +69,29 @@ class Variant:
                 "precision": self.precision, "source": self.source}
 
 
+# llama.cpp's llama_ftype values (general.file_type of a GGUF)
+FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+          11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+          17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+
+
 def gguf_type(path: str) -> str:
+    """The GGUF's type as the file says (general.file_type), else as its name says."""
+    try:
+        from specmac.backends.gguf import file_type
+
+        ft = file_type(Path(path))
+        if ft in FTYPES:
+            return FTYPES[ft]
+    except (ImportError, OSError, ValueError):
+        pass
     m = GGUF_TYPE.search(Path(path).name)
     return m.group(1).upper() if m else "GGUF"
+
+
+def source_name(path: Path) -> str:
+    """A file's name, or its folder's for the cache's generic model.gguf."""
+    return path.parent.name if path.name == "model.gguf" else path.name
 
 
 def variants(models: Sequence[str | None], role: str, backends: Sequence[str]) -> list[Variant]:
@@ -102,9 +122,10 @@ def variants(models: Sequence[str | None], role: str, backends: Sequence[str]) -
                 continue
             if backend == "gguf":
                 out.append(Variant(role, "gguf", model, {}, gguf_type(model) if fmt == "gguf" else "F16",
-                                   path.name))
+                                   source_name(path)))
             elif backend in DTYPES:
-                out += [Variant(role, backend, model, {"dtype": d}, d, path.name) for d in DTYPES[backend]]
+                out += [Variant(role, backend, model, {"dtype": d}, d, source_name(path))
+                        for d in DTYPES[backend]]
     return out
 
 
@@ -310,7 +331,7 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
                         progress: Callable[[str], None] | None = None) -> dict:
     """Probe every variant once, predict every configuration, rank. ``backends`` limits the
     backends tried (default: every installed model backend); ``drafts`` adds model-free drafters
-    ("ngram", the default); ``draft_backends`` limits the drafts' backends further; ``*_options``
+    ("ngram", the default); ``draft_backends`` are the drafts' backends (default ``backends``); ``*_options``
     go to every variant of that role (e.g. n_threads)."""
     if not 1 <= k_max <= 16:
         raise BadOption(f"k_max {k_max} is out of range: use 1..16", param="k_max")
@@ -321,7 +342,7 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
     names = model_backends(backends)
     t0 = time.perf_counter()
     tv = sorted(variants(target_models, "target", names), key=lambda v: v.backend != "gguf")  # fast first
-    draft_names = [n for n in names if not draft_backends or n in draft_backends]
+    draft_names = model_backends(draft_backends) if draft_backends else names
     dv = variants(draft_models, "draft", draft_names) + [Variant("draft", d, None, {}, "lookup", "prompt")
                                                          for d in (("ngram",) if drafts is None else drafts)]
     for vs, extra in ((tv, target_options), (dv, draft_options)):

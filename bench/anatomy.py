@@ -1,0 +1,248 @@
+"""The anatomy of speculative decoding on this machine, with a real pair (Qwen2.5-Coder 0.5B -> 1.5B).
+
+    python bench/anatomy.py --out results/anatomy
+
+Draft/target configurations across backends and precisions (gguf Q4_K_M and F16, torch fp32 and
+bf16 targets; gguf, torch, mlx and n-gram drafts), each at K = 1..8 and K = auto and at T = 0 and
+T = 1, on the prompts of bench/data/anatomy_prompts.json (code and prose; not the prompts advise
+calibrates on). Per target every configuration is measured side by side by specmac.compare
+(interleaved rounds, each run paired with the target-only run of the same prompt and round), then
+the peers on that target in alternation with their own plain decoding: HF assisted generation
+(transformers ``assistant_model``) on torch targets, llama-cpp-python's prompt-lookup decoding on
+gguf targets. Beside every cell: advise's ranking (run first, on its own prompts) and its
+prediction. Writes results.json, README.md and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
+
+from specmac.advise_rank import rank_configurations
+from specmac.api import Pair
+from specmac.backends import load_backend, missing_requirements
+from specmac.calibration import pass_costs
+from specmac.compare import Config, Loaded, PairSpec, Settings, aggregate, measure
+from specmac.drafters import Drafter, ModelDrafter, NgramDrafter
+from specmac.policy import AdaptiveK, KPolicy
+from specmac.probes import probe_parallelism
+from specmac.prompts import advise_prompts, read_prompts
+from specmac.results import provenance, write_json
+from specmac.sampling import SamplingParams
+
+HERE = Path(__file__).resolve().parent
+AUTO = 0  # a speculative Config with k = 0 stands for K = auto (compare's configurations hold ints)
+TARGETS = {  # name: backend, model, options, precision group (same weights, same precision)
+    "gguf-q4": ("gguf", QWEN_15B_GGUF, {}, "Q4_K_M"),
+    "gguf-f16": ("gguf", QWEN_15B_GGUF, {"quant": "f16"}, "F16"),
+    "torch-bf16": ("torch", QWEN_15B_GGUF, {"dtype": "bfloat16"}, "bfloat16"),
+    "torch-fp32": ("torch", QWEN_15B_GGUF, {"dtype": "float32"}, "float32"),
+}
+DRAFTS = {
+    "gguf-q4": ("gguf", QWEN_05B_GGUF, {}),
+    "torch-bf16": ("torch", QWEN_05B_GGUF, {"dtype": "bfloat16"}),
+    "mlx-fp32": ("mlx", QWEN_05B_GGUF, {"dtype": "float32"}),
+    "ngram": None,
+}
+CONFIGS = [  # (draft, target)
+    ("gguf-q4", "gguf-q4"), ("ngram", "gguf-q4"),
+    ("gguf-q4", "gguf-f16"), ("mlx-fp32", "gguf-f16"),
+    ("gguf-q4", "torch-bf16"), ("torch-bf16", "torch-bf16"),
+    ("gguf-q4", "torch-fp32"),
+]
+
+
+class AutoPair(Pair):
+    """Every generation at k="auto": a fresh AdaptiveK started from this target's and draft's pass
+    costs, measured once (what `specmac run --k auto` measures before every run)."""
+
+    def __init__(self, target, drafter) -> None:
+        super().__init__(target, drafter)
+        self.costs: tuple = ()
+        self.histories: list[list[int]] = []
+
+    def policy(self, k=4) -> KPolicy:
+        if isinstance(k, KPolicy):
+            return k
+        if not self.costs:
+            self.costs = pass_costs(self.target, self.drafter.backend, 16)
+        policy = AdaptiveK()
+        policy.set_costs(*self.costs)
+        self.histories.append(policy.history)
+        return policy
+
+
+class WithAuto(Loaded):
+    def __init__(self, targets, drafters):
+        super().__init__(targets, drafters)
+        self.autos: dict[str, AutoPair] = {}
+
+    def pair(self, c: Config) -> Pair:
+        if c.baseline or c.k != AUTO:
+            return super().pair(c)
+        if c.id not in self.autos:
+            self.autos[c.id] = AutoPair(self.targets[c.target], self.drafters[c.draft])
+        return self.autos[c.id]
+
+
+def load_draft(name: str, models: Path) -> Drafter:
+    if DRAFTS[name] is None:
+        return NgramDrafter()
+    backend, model, opts = DRAFTS[name]
+    return ModelDrafter(load_backend(backend, str(models / model), opts, role="draft"))
+
+
+def peers(target_name: str, target, drafts: dict, prompts: list[dict], params: SamplingParams,
+          max_tokens: int, ks: list[int], models: Path) -> list[dict]:
+    """The libraries' own speculative decoding on this target, each beside its own plain decoding."""
+    out = []
+    if target.name == "torch":
+        for dname, d in drafts.items():
+            if d.backend is not None and d.backend.name == "torch":
+                out += _hf_assisted(target, d.backend, dname, prompts, params, max_tokens)
+    if target.name == "gguf" and target_name == "gguf-q4":
+        out += _prompt_lookup(models / QWEN_15B_GGUF, prompts, params, max_tokens, ks)
+    return out
+
+
+def _timed_runs(methods: dict, prompts: list[dict], max_tokens: int) -> dict:
+    """Alternate the methods on every prompt; tokens/s per method over all prompts."""
+    tot = {m: [0, 0.0] for m in methods}
+    for p in prompts:
+        for name, fn in methods.items():
+            t0 = time.perf_counter()
+            n = fn(p["text"], max_tokens)
+            tot[name][0] += n
+            tot[name][1] += time.perf_counter() - t0
+    return {m: n / s for m, (n, s) in tot.items()}
+
+
+def _hf_assisted(target, draft, dname: str, prompts, params, max_tokens) -> list[dict]:
+    import torch
+
+    tok = target.tokenizer
+    sample = {"do_sample": True, "temperature": params.temperature or 1.0, "top_k": 0} \
+        if not params.greedy else {"do_sample": False}
+
+    def gen(assistant):
+        def fn(text, n):
+            ids = torch.tensor([tok.encode(text)])
+            with torch.inference_mode():
+                out = target.model.generate(ids, max_new_tokens=n, min_new_tokens=n,
+                                            assistant_model=assistant, pad_token_id=tok.eos_token_id,
+                                            **sample)
+            return out.shape[1] - ids.shape[1]
+        return fn
+
+    rates = _timed_runs({"plain": gen(None), "assisted": gen(draft.model)}, prompts, max_tokens)
+    return [{"peer": f"HF assisted generation ({dname} assistant)",
+             "target_tokens_per_second": rates["plain"], "tokens_per_second": rates["assisted"],
+             "speedup": rates["assisted"] / rates["plain"]}]
+
+
+def _prompt_lookup(path: Path, prompts, params, max_tokens, ks) -> list[dict]:
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    kw = {"temperature": params.temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    out = []
+    for k in (2, 10):  # 10 is llama-cpp-python's default num_pred_tokens
+        llms = {"plain": Llama(str(path), n_ctx=2048, verbose=False),
+                "lookup": Llama(str(path), n_ctx=2048, verbose=False,
+                                draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k))}
+
+        def fn(llm):
+            return lambda text, n: llm(text, max_tokens=n, seed=0, **kw)["usage"]["completion_tokens"]
+
+        rates = _timed_runs({m: fn(llm) for m, llm in llms.items()}, prompts, max_tokens)
+        out.append({"peer": f"llama-cpp-python prompt lookup (num_pred_tokens={k})",
+                    "target_tokens_per_second": rates["plain"], "tokens_per_second": rates["lookup"],
+                    "speedup": rates["lookup"] / rates["plain"]})
+        del llms
+    return out
+
+
+def measure_target(name: str, configs: list, args, prompts: list[dict], params: SamplingParams) -> dict:
+    backend, model, opts, group = TARGETS[name]
+    t0 = time.perf_counter()
+    target = load_backend(backend, str(args.models_dir / model), opts, role="target")
+    print(f"{name}: loaded in {time.perf_counter() - t0:.0f} s; probing parallelism", file=sys.stderr)
+    probe = probe_parallelism(target, n_max=9, context=64, repeats=2)
+    drafts = {d: load_draft(d, args.models_dir) for d, t in configs if t == name}
+    loaded = WithAuto({name: target}, drafts)
+    settings = Settings(pairs=[PairSpec(d, name) for d in drafts], ks=[*args.ks, AUTO], prompts=prompts,
+                        params=params, max_tokens=args.max_tokens, repeats=args.repeats, seed=0,
+                        warmup_tokens=4)
+    print(f"{name}: measuring {len(settings.configs())} configurations at T = {params.temperature}",
+          file=sys.stderr)
+    runs, _ = measure(settings, loaded)
+    rows = aggregate(runs, params.greedy)
+    for r in rows:
+        auto = loaded.autos.get(r["config"])
+        if auto is not None:
+            ks = [k for h in auto.histories[1:] for k in h]  # [0] is the warm-up run
+            r["k"] = "auto"
+            r["k_chosen_median"] = statistics.median(ks) if ks else None
+            r["share_no_drafts"] = ks.count(0) / len(ks) if ks else None
+    peer_rows = [] if args.skip_peers else peers(name, target, drafts, prompts, params, args.max_tokens,
+                                                 args.ks, args.models_dir)
+    return {"target": name, "group": group, "backend": backend, "options": opts,
+            "temperature": params.temperature, "probe": probe, "results": rows, "runs": runs,
+            "peers": peer_rows, "backend_info": target.info()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_models_dir(ap)
+    ap.add_argument("--out", type=Path, default=HERE.parent / "results" / "anatomy")
+    ap.add_argument("--targets", default=",".join(TARGETS), help="targets to measure, comma-separated")
+    ap.add_argument("--ks", default="1-8")
+    ap.add_argument("--temps", default="0,1")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--prompts", default=str(HERE / "data" / "anatomy_prompts.json"))
+    ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--skip-advise", action="store_true")
+    args = ap.parse_args()
+    from specmac.compare import parse_ks
+
+    args.ks = parse_ks(args.ks)
+    prompts = read_prompts(args.prompts)
+    targets = [t for t in args.targets.split(",") if t]
+    configs = [c for c in CONFIGS if c[1] in targets and all(
+        not missing_requirements(b) for b in {TARGETS[c[1]][0], (DRAFTS[c[0]] or ("gguf",))[0]})]
+    record: dict = {"configs": [list(c) for c in configs], "ks": args.ks, "max_tokens": args.max_tokens,
+                    "repeats": args.repeats, "prompts": [p["id"] for p in prompts], "measured": []}
+    command = " ".join([Path(sys.executable).name, *sys.argv])
+    models = [args.models_dir / QWEN_05B_GGUF, args.models_dir / QWEN_15B_GGUF]
+    record["provenance"] = provenance(command, models)
+    out = args.out
+    if not args.skip_advise:
+        from specmac.backends.gguf import requantize
+
+        f16 = requantize(args.models_dir / QWEN_15B_GGUF, "f16")[0]  # the F16 target's file (cached)
+        for temp in (float(t) for t in args.temps.split(",")):
+            print(f"advise ranking at T = {temp}", file=sys.stderr)
+            record.setdefault("advise", []).append(rank_configurations(
+                [str(args.models_dir / QWEN_05B_GGUF)], [str(args.models_dir / QWEN_15B_GGUF), str(f16)],
+                params=SamplingParams(temp), prompts=advise_prompts(), backends=["gguf", "torch"],
+                draft_backends=["gguf", "torch", "mlx"], k_max=8, run_tokens=32,
+                progress=lambda m: print(f"  {m}", file=sys.stderr)))
+            write_json(out / "results.json", record)
+    for name in targets:
+        for temp in (float(t) for t in args.temps.split(",")):
+            record["measured"].append(measure_target(name, configs, args, prompts, SamplingParams(temp)))
+            write_json(out / "results.json", record)  # what was measured survives a later failure
+    record["complete"] = True
+    write_json(out / "results.json", record)
+    print(json.dumps({"wrote": str(out / "results.json")}))
+
+
+if __name__ == "__main__":
+    main()
