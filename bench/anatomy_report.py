@@ -1,0 +1,152 @@
+"""README tables and PNG plots of bench/anatomy.py's results.json (no re-run).
+
+    python bench/anatomy_report.py results/anatomy
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from specmac.results import plot_parallelism, save_figure
+
+DRAFT_NAMES = {"gguf-q4": "gguf Q4_K_M 0.5B", "torch-bf16": "torch bf16 0.5B", "mlx-fp32": "mlx fp32 0.5B",
+               "ngram": "n-gram lookup"}
+TARGET_NAMES = {"gguf-q4": "gguf Q4_K_M 1.5B", "gguf-f16": "gguf F16 1.5B", "torch-bf16": "torch bf16 1.5B",
+                "torch-fp32": "torch fp32 1.5B"}
+ADVISE_LABELS = {"gguf-q4": ("gguf", "Q4_K_M"), "gguf-f16": ("gguf", "F16"),
+                 "torch-bf16": ("torch", "bfloat16"), "torch-fp32": ("torch", "float32"),
+                 "mlx-fp32": ("mlx", "float32")}
+
+
+TIMES, DASH = "\u00d7", "\u2013"
+
+
+def med(stat: dict | None, key: str = "median") -> float | None:
+    return stat[key] if stat else None
+
+
+def fmt(v, spec: str = ".2f", unit: str = "") -> str:
+    return "\u2013" if v is None else f"{v:{spec}}{unit}"
+
+
+def advise_row(record: dict, temp: float, draft: str | None, target: str) -> dict | None:
+    """advise's ranking entry for this (draft, target) at this temperature (draft None: plain)."""
+    rank = next((r for r in record.get("advise", []) if r["sampling"]["temperature"] == temp), None)
+    if rank is None:
+        return None
+    tb, tp = ADVISE_LABELS[target]
+    for e in rank["ranking"]:
+        if (e["target"], e["target_dtype"]) != (tb, tp):
+            continue
+        if draft is None and e["k"] == 0:
+            return e
+        if draft == "ngram" and e["draft"] == "ngram":
+            return e
+        if draft and draft != "ngram" and e["k"] and (e["draft"], e["draft_dtype"]) == ADVISE_LABELS[draft]:
+            return e
+    return None
+
+
+def predicted(e: dict | None, k) -> float | None:
+    if e is None:
+        return None
+    if k == 0 or e["k"] == 0:
+        return e["predicted_tokens_per_second"] if k == 0 else None
+    if k == "auto":
+        return e["predicted_tokens_per_second"]
+    by_k = e.get("by_k") or []
+    return by_k[k - 1] if 0 < k <= len(by_k) else None
+
+
+def fastest_plain(record: dict) -> dict[tuple[str, float], float]:
+    """(precision group, T) -> the fastest measured plain decoder's tokens/s (median)."""
+    out: dict[tuple[str, float], float] = {}
+    for m in record["measured"]:
+        base = next(r for r in m["results"] if r["draft"] == "none")
+        key = (m["group"], m["temperature"])
+        out[key] = max(out.get(key, 0.0), med(base["tokens_per_second"]) or 0.0)
+    return out
+
+
+def target_table(record: dict, m: dict, plain: dict) -> list[str]:
+    t, temp = m["target"], m["temperature"]
+    best_plain = plain[(m["group"], temp)]
+    base_row = advise_row(record, temp, None, t)
+    lines = [f"### {TARGET_NAMES[t]}, T = {temp:g}", "",
+             f"Parallelism probe: T(1) = {m['probe']['t1_ms']:.1f} ms, \u03b2 = {m['probe']['beta']:.2f} "
+             f"({m['probe']['verdict']}). Speedups are over the fastest plain decoder of the {m['group']} "
+             f"group ({best_plain:.1f} tokens/s).", "",
+             "| draft | K | tokens/s (median, IQR over runs) | speedup | vs own plain | acceptance | "
+             "tokens/pass | per-position acceptance | advise predicted tokens/s |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in m["results"]:
+        tps = r["tokens_per_second"]
+        draft = None if r["draft"] == "none" else r["draft"]
+        k = 0 if draft is None else r["k"]
+        pred = predicted(base_row if draft is None else advise_row(record, temp, draft, t), k)
+        k_txt = "plain" if draft is None else (f"auto (median {fmt(r.get('k_chosen_median'), '.0f')}, "
+                                               f"{fmt(r.get('share_no_drafts'), '.0%')} without drafts)"
+                                               if k == "auto" else str(k))
+        per = " ".join(fmt(a, ".2f") for a in (r["per_position_acceptance"] or [])[:8])
+        lines.append(f"| {DRAFT_NAMES.get(draft, 'none')} | {k_txt} | {fmt(med(tps), '.1f')} "
+                     f"({fmt(med(tps, 'p25'), '.1f')}\u2013{fmt(med(tps, 'p75'), '.1f')}) | "
+                     f"{fmt((med(tps) or 0) / best_plain, '.2f', TIMES)} | "
+                     f"{fmt(med(r['speedup']), '.2f', TIMES)} | "
+                     f"{fmt(r['acceptance_rate'], '.2f')} | {fmt(r['tokens_per_target_pass'], '.2f')} | "
+                     f"{per or DASH} | {fmt(pred, '.1f')} |")
+    for p in m.get("peers", []):
+        lines.append(f"| peer: {p['peer']} | \u2013 | {p['tokens_per_second']:.1f} | "
+                     f"{p['tokens_per_second'] / best_plain:.2f}\u00d7 | "
+                     f"{p['speedup']:.2f}\u00d7 (its own plain: "
+                     f"{p['target_tokens_per_second']:.1f}) | \u2013 | \u2013 | \u2013 | \u2013 |")
+    return lines + [""]
+
+
+def plots(record: dict, out: Path) -> list[str]:
+    from matplotlib.figure import Figure
+
+    names = []
+    probes = [{**m["probe"], "label": f"{TARGET_NAMES[m['target']]}: \u03b2 {m['probe']['beta']:.2f}"}
+              for m in record["measured"] if m["temperature"] == record["measured"][0]["temperature"]]
+    if probes:
+        plot_parallelism(probes, out / "parallelism.png", title="T(n): batched vs n one-token passes")
+        names.append("parallelism.png")
+    temps = sorted({m["temperature"] for m in record["measured"]})
+    plain = fastest_plain(record)
+    fig = Figure(figsize=(5.2 * len(temps), 4.6))
+    axes = fig.subplots(1, len(temps), squeeze=False)[0]
+    for ax, temp in zip(axes, temps):
+        for m in (m for m in record["measured"] if m["temperature"] == temp):
+            for draft in dict.fromkeys(r["draft"] for r in m["results"] if r["draft"] != "none"):
+                rows = [r for r in m["results"] if r["draft"] == draft and r["k"] != "auto"]
+                ax.plot([r["k"] for r in rows],
+                        [(med(r["tokens_per_second"]) or 0) / plain[(m["group"], temp)] for r in rows],
+                        marker="o", ms=3,
+                        label=f"{DRAFT_NAMES.get(draft, draft)} \u2192 {TARGET_NAMES[m['target']]}")
+        ax.axhline(1.0, color="k", ls="--", lw=1)
+        ax.set_title(f"T = {temp:g}", fontsize=10)
+        ax.set_xlabel("K")
+        ax.set_ylabel("speedup over the fastest plain decoder of the precision")
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    save_figure(fig, out / "speedup_vs_k.png")
+    names.append("speedup_vs_k.png")
+    return names
+
+
+def main(directory: str) -> None:
+    out = Path(directory)
+    record = json.loads((out / "results.json").read_text())
+    plain = fastest_plain(record)
+    lines = []
+    for m in record["measured"]:
+        lines += target_table(record, m, plain)
+    names = plots(record, out)
+    (out / "tables.md").write_text("\n".join(lines) + "\n" + "\n".join(f"![{n}]({n})" for n in names) + "\n")
+    print(f"wrote {out / 'tables.md'}, " + ", ".join(str(out / n) for n in names))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "results/anatomy")
