@@ -217,6 +217,7 @@ class GGUFBackend(BaseBackend):
 
     name = "gguf"
     library = "llama-cpp-python"
+    formats = ("gguf", "hf")  # a .gguf file; an HF folder is converted to GGUF once (cached)
     options = {
         "quant": Option(str, None, "GGUF type: of the embedded pair (f16|q8_0, default q8_0), or a given "
                                    "GGUF/folder requantised once (cached; default as given)",

@@ -53,6 +53,7 @@ def read_config(folder: Path) -> dict:
 class MLXBackend(BaseBackend):
     name = "mlx"
     library = "mlx-lm"
+    formats = ("hf", "gguf")  # an HF folder; a .gguf file is dequantised once (cached)
     options = {
         "dtype": Option(str, None, "weights and activations; default float32 on the CPU, float16 on "
                         "the GPU", choices=tuple(DTYPES)),

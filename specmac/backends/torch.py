@@ -47,6 +47,7 @@ def synchronize(device: torch.device) -> None:
 class TorchBackend(BaseBackend):
     name = "torch"
     library = "transformers"
+    formats = ("hf", "gguf")  # an HF folder; a .gguf file is dequantised once (cached)
     options = {
         "device": Option(str, None, "cpu, mps or cuda; default the first available of cuda, mps, cpu",
                          ("cpu", "mps", "cuda")),
