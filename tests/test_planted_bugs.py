@@ -166,7 +166,7 @@ def mutant_pair(base: Pair, name: str) -> tuple[Pair, object]:
 @pytest.mark.parametrize("name", ["correct", *MUTANTS, *LEVEL2_ONLY])
 def test_level2_rejects_every_mutant(name, k):
     pair, rule = mutant_pair(synthetic_pair(), name)
-    p = level2(pair, T1, k, n=600, seed=k, rule=rule)["p"]
+    p = level2(pair, T1, k, n=1000, seed=k, rule=rule)["p"]
     if name == "correct":
         assert p > PASS, p
     else:
@@ -224,7 +224,7 @@ def table() -> list[str]:
         lv = ["–", "–"]
         if name != FAULTY:
             pair, rule = mutant_pair(base, name)
-            lv = [f"{level2(pair, T1, k, n=600, seed=k, rule=rule)['p']:.2g}" for k in (3, 8)]
+            lv = [f"{level2(pair, T1, k, n=1000, seed=k, rule=rule)['p']:.2g}" for k in (3, 8)]
         v = verify_p(setup, name)
         rows.append(f"| {name} | {lv[0]} | {lv[1]} | {v['p_value']:.2g} | {v['decisive_test']} |")
         print(rows[-1], f"({time.perf_counter() - t:.0f} s)", file=sys.stderr)
