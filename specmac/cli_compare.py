@@ -156,10 +156,14 @@ class PlainProgress:
 
     def __init__(self, total: int, n_lines: int) -> None:
         self.total, self.n_lines, self.done, self.next_line = total, max(1, n_lines), 0, 1
-        self.start = time.monotonic()
+        self.start, self.phases = time.monotonic(), 0
 
     def status(self, desc: str) -> None:
-        click.echo(f"compare: {desc}", err=True)
+        # the first phase (loading) follows compare's own header line: a model that cannot be
+        # loaded stays a one-line error below it
+        if self.phases:
+            click.echo(f"compare: {desc}", err=True)
+        self.phases += 1
 
     def tick(self, desc: str) -> None:
         self.done += 1

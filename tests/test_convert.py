@@ -181,3 +181,15 @@ def test_mlx_backend_loads_a_gguf_file(own_cache):
     conv = MLXBackend(gguf_file, device="cpu")
     assert conv.vocab.fingerprint == ref.vocab.fingerprint
     np.testing.assert_allclose(conv.score(IDS), ref.score(IDS), atol=1e-5)
+
+
+# --- compare's progress off a terminal (CliRunner's stderr is not one) ---------------------------
+def test_compare_prints_one_plain_progress_line_per_configuration(tmp_path):
+    from specmac.cli import main
+
+    r = CliRunner().invoke(main, ["compare", "--pair", "synthetic:synthetic", "--k", "1,2", "--n-prompts",
+                                  "2", "--repeats", "2", "--max-tokens", "4", "--out", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    lines = [x for x in r.stderr.splitlines() if "generations" in x]
+    assert len(lines) == 3  # the baseline and K = 1, 2
+    assert lines[-1].startswith("compare: 15/15 generations (100%)")  # 3 configs x (1 warm-up + 2 x 2)
