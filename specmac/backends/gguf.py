@@ -19,7 +19,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from specmac.backends import BaseBackend, Option, cache, convert
+from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, cache, convert
 from specmac.errors import BadOption, BadTokens, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
 
@@ -112,7 +112,8 @@ def requantize(path: str | Path, quant: str) -> tuple[Path, dict]:
             raise ModelNotFound(f"llama.cpp cannot requantise {src} to {quant} ({first_error(log)})")
 
     lib = f"llama-cpp-python {llama_cpp.__version__} llama_model_quantize"
-    entry, meta = cache.converted(path, f"gguf-{quant}", build, what=f"a {quant.upper()} GGUF",
+    what = f"{'an' if quant == 'f16' else 'a'} {quant.upper()} GGUF"
+    entry, meta = cache.converted(path, f"gguf-{quant}", build, what=what,
                                   details={"quant": quant, "converter": lib})
     return entry / "model.gguf", meta
 
@@ -222,11 +223,13 @@ class GGUFBackend(BaseBackend):
         "quant": Option(str, None, "GGUF type: of the embedded pair (f16|q8_0, default q8_0), or a given "
                                    "GGUF/folder requantised once (cached; default as given)",
                         choices=tuple(QUANTS)),
-        "n_ctx": Option(int, None, "context window; default 2048 or the model's training context if smaller"),
-        "n_threads": Option(int, None, "CPU threads for single-token and batched passes alike"),
-        "n_batch": Option(int, 512, "most tokens per llama_decode (also the micro-batch)"),
+        "n_ctx": Option(int, None, "context window; default 2048 or the model's training context if smaller",
+                        lo=2, hi=MAX_CTX),
+        "n_threads": Option(int, None, "CPU threads for single-token and batched passes alike",
+                            lo=1, hi=MAX_THREADS),
+        "n_batch": Option(int, 512, "most tokens per llama_decode (also the micro-batch)", lo=1, hi=MAX_CTX),
         "n_gpu_layers": Option(int, None, "layers offloaded to the GPU; -1 all; default all if the build "
-                                          "can offload, else 0"),
+                                          "can offload, else 0", lo=-1, hi=100_000),
         # llama.cpp's default; on the CPU auto turns it on, which makes batched and serial logits equal
         "flash_attn": Option(str, "auto", "flash attention", choices=tuple(FLASH_ATTN)),
         "extra_bufts": Option(str, "auto", "llama.cpp's extra CPU buffer types (weights repacked for "
@@ -246,6 +249,9 @@ class GGUFBackend(BaseBackend):
         self._model = load_model(path, ngl, extra_bufts=extra)
         self._vocab_p = llama_cpp.llama_model_get_vocab(self._model)
         n_train = llama_cpp.llama_model_n_ctx_train(self._model)
+        if o["n_ctx"] is not None and o["n_ctx"] > n_train > 0:
+            raise BadOption(f"option n_ctx={o['n_ctx']} is out of range: use 2..{n_train} (the model's "
+                            "training context)")
         self.n_ctx = o["n_ctx"] or min(2048, n_train)
         threads = o["n_threads"] or default_threads()
         n_batch = min(o["n_batch"], self.n_ctx)
