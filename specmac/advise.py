@@ -19,7 +19,7 @@ from specmac.probes import probe_parallelism
 from specmac.prompts import advise_prompts
 from specmac.runstats import RunStats
 from specmac.sampling import SamplingParams, warp
-from specmac.timing import time_single
+from specmac.timing import check_context, time_single
 from specmac.vocab import align_logits
 
 
@@ -95,17 +95,19 @@ def advise(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[str | 
     if not prompts:
         raise BadOption("prompts is empty: advise needs at least one prompt to measure acceptance on",
                         param="prompts")
+    n_max = k_max + 1
+    check_context(pair.target, context, n_max)  # refused before anything is measured, never clamped
+    if pair.drafter.backend is not None:
+        check_context(pair.drafter.backend, context, 1)
     stats, loop = _loop_costs(pair, prompts, params, run_tokens, run_k, seed)
     alpha, profile = acceptance_from_stats(stats)
     _, base = _loop_costs(pair, prompts, params, run_tokens, 0, seed)
     target = pair.target
-    n_max = k_max + 1
-    probe = probe_parallelism(target, n_max=n_max, context=min(context, target.n_ctx - n_max),
-                              repeats=repeats)
+    probe = probe_parallelism(target, n_max=n_max, context=context, repeats=repeats)
     t_pass = None
     d = pair.drafter.backend
     if d is not None:
-        t_pass = time_single(d, context=min(context, d.n_ctx - 1), repeats=10)["median_ms"]
+        t_pass = time_single(d, context=context, repeats=10)["median_ms"]
     t_draft = max(x for x in (loop["draft_ms_per_pass"], t_pass, 0.0) if x is not None)
     V, W = target.vocab.size, target.vocab.n_logits or target.vocab.size
     w1, wn = warp_cost_ms(W, V, params, 1), warp_cost_ms(W, V, params, n_max)

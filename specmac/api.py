@@ -22,6 +22,8 @@ from specmac.rejection import VerifyRule
 from specmac.runstats import RunStats
 from specmac.sampling import SamplingParams
 
+K_MAX = 256  # drafts per step: beyond this no draft's acceptance pays, and the per-position stats grow
+
 
 @dataclass
 class Generation:
@@ -66,18 +68,12 @@ class Pair:
     def policy(self, k: int | str | KPolicy = 4) -> KPolicy:
         """The K policy that ``k`` names: an integer >= 1 (FixedK), "auto" (AdaptiveK started from
         this pair's measured costs; see specmac.calibration) or a policy object, returned as is."""
-        if isinstance(k, str):
-            if k != "auto":
-                raise BadOption(f"k {k!r} is out of range: use an integer >= 1 (or 'auto')", param="k")
+        if isinstance(k, KPolicy):
+            return k
+        if check_k(k) == "auto":
             from specmac.calibration import adaptive_policy
 
             return adaptive_policy(self.target, self.drafter.backend)
-        if isinstance(k, KPolicy):
-            return k
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise BadOption(f"k {k!r} is out of range: use an integer >= 1 (or 'auto')", param="k")
-        if k < 1:
-            raise BadOption(f"k {k!r} is out of range: use an integer >= 1 (or 'auto')", param="k")
         return FixedK(int(k))
 
     def stream(self, prompt: str | Sequence[int], *, params: SamplingParams | None = None,
@@ -102,6 +98,15 @@ class Pair:
 
     def info(self) -> dict:
         return {"target": self.target.info(), "draft": self.drafter.info()}
+
+
+def check_k(k: Any) -> int | str:
+    """An integer 1..K_MAX (not a bool, not a float) or "auto"; anything else is a BadOption."""
+    if isinstance(k, str) and k == "auto":
+        return k
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= K_MAX:
+        raise BadOption(f"k {k!r} is out of range: use an integer 1..{K_MAX} (or 'auto')", param="k")
+    return int(k)
 
 
 def check_max_tokens(max_tokens: int) -> None:

@@ -260,16 +260,19 @@ def sampling_params(kw: dict):
 
 
 def parse_k(value: str) -> int | str:
-    """An integer >= 1, or "auto"."""
+    """An integer 1..256, or "auto"."""
+    from specmac.api import K_MAX, check_k
+
     if value == "auto":
         return value
     try:
         k = int(value)
     except ValueError:
-        raise UserError(f"--k {value!r} is not a number: use an integer >= 1 or 'auto'") from None
-    if k < 1:
-        raise UserError(f"--k {k} is out of range: use an integer >= 1 or 'auto'")
-    return k
+        raise UserError(f"--k {value!r} is not a number: use an integer 1..{K_MAX} or 'auto'") from None
+    try:
+        return check_k(k)
+    except SpecmacError:
+        raise UserError(f"--k {k} is out of range: use an integer 1..{K_MAX} or 'auto'") from None
 
 
 def emit_json(obj: Any) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from specmac.advise import advise
-from specmac.api import Pair
+from specmac.api import K_MAX, Pair
 from specmac.backends import BaseBackend, load_backend, missing_requirements, registry
 from specmac.drafters import MODEL_FREE, Drafter, NoDraft, load_drafter
 from specmac.errors import BadOption, SpecmacError
@@ -136,12 +136,16 @@ def parse_ks(text: str) -> list[int]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         lo, dash, hi = part.partition("-")
         try:
-            ks.update(range(int(lo), int(hi) + 1) if dash else [int(part)])
+            a, b = (int(lo), int(hi)) if dash else (int(part), int(part))
         except ValueError:
             raise BadOption(f"k {text!r} is not a list of integers: write e.g. 1,2,4 or 1-8",
                             param="k") from None
-    if not ks or min(ks) < 1:
-        raise BadOption(f"k {text!r} is out of range: give integers >= 1, e.g. 1,2,4,6,8", param="k")
+        if not 1 <= a <= b <= K_MAX:  # checked before the range is built
+            raise BadOption(f"k {text!r} is out of range: give integers 1..{K_MAX} (ranges low-high), "
+                            "e.g. 1,2,4,6,8", param="k")
+        ks.update(range(a, b + 1))
+    if not ks:
+        raise BadOption(f"k {text!r} is empty: give integers 1..{K_MAX}, e.g. 1,2,4,6,8", param="k")
     return sorted(ks)
 
 

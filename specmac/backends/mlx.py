@@ -18,7 +18,7 @@ import numpy as np
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import hf_repo_to_path
 
-from specmac.backends import BaseBackend, Option, hf
+from specmac.backends import MAX_CTX, BaseBackend, Option, hf
 from specmac.errors import BadOption, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
 
@@ -59,7 +59,7 @@ class MLXBackend(BaseBackend):
                         "the GPU", choices=tuple(DTYPES)),
         "device": Option(str, None, "cpu or gpu; default mlx's default device", choices=("cpu", "gpu")),
         "n_ctx": Option(int, None, f"context window in tokens; default the model's, at most "
-                        f"{MAX_DEFAULT_CTX}"),
+                        f"{MAX_DEFAULT_CTX}", lo=2, hi=MAX_CTX),
     }
 
     def __init__(self, model: str | None = None, *, role: str = "target", dtype: str | None = None,

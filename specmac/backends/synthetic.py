@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specmac.backends import BaseBackend, Option
+from specmac.backends import MAX_CTX, BaseBackend, Option
 from specmac.errors import BadOption
 from specmac.vocab import Vocab
 
@@ -26,14 +26,17 @@ class SyntheticBackend(BaseBackend):
     name = "synthetic"
     library = "numpy"
     options = {
-        "vocab_size": Option(int, 48, "number of ids including EOS, 3..%d" % (len(ALPHABET) + 1)),
-        "seed": Option(int, 0, "seed of the target's tables (shared by the draft)"),
-        "noise": Option(float, None, "draft perturbation; default 0 for a target, 0.5 for a draft"),
-        "sharpness": Option(float, 2.0, "scale of the logits; larger is more peaked"),
-        "eos_bias": Option(float, -3.0, "added to the EOS logit"),
-        "n_ctx": Option(int, 4096, "context window in tokens"),
-        "latency_ms": Option(float, 0.0, "simulated time of a one-token pass"),
-        "beta": Option(float, 0.0, "simulated serial fraction of a batched pass (0 parallel, 1 serial)"),
+        "vocab_size": Option(int, 48, "number of ids including EOS, 3..%d" % (len(ALPHABET) + 1),
+                             lo=3, hi=len(ALPHABET) + 1),
+        "seed": Option(int, 0, "seed of the target's tables (shared by the draft)", lo=0, hi=2**63 - 1),
+        "noise": Option(float, None, "draft perturbation; default 0 for a target, 0.5 for a draft",
+                        lo=0, hi=100),
+        "sharpness": Option(float, 2.0, "scale of the logits; larger is more peaked", lo=0, hi=100),
+        "eos_bias": Option(float, -3.0, "added to the EOS logit", lo=-100, hi=100),
+        "n_ctx": Option(int, 4096, "context window in tokens", lo=2, hi=MAX_CTX),
+        "latency_ms": Option(float, 0.0, "simulated time of a one-token pass", lo=0, hi=60_000),
+        "beta": Option(float, 0.0, "simulated serial fraction of a batched pass (0 parallel, 1 serial)",
+                       lo=0, hi=16),
     }
 
     def __init__(self, model: str | None = None, *, role: str = "target", **opts) -> None:

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.utils import logging as hf_logging
 
-from specmac.backends import BaseBackend, Option, hf
+from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, hf
 from specmac.errors import BadOption, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
 
@@ -53,10 +53,11 @@ class TorchBackend(BaseBackend):
                          ("cpu", "mps", "cuda")),
         "dtype": Option(str, None, "compute dtype; default float32 on cpu, float16 on mps/cuda",
                         tuple(DTYPES)),
-        "n_threads": Option(int, None, "torch CPU threads (process-wide); default torch's own"),
+        "n_threads": Option(int, None, "torch CPU threads (process-wide); default torch's own",
+                            lo=1, hi=MAX_THREADS),
         "trust_remote_code": Option(bool, False, "run modelling code shipped with the model"),
         "n_ctx": Option(int, None, f"context window; default max_position_embeddings, at most "
-                                   f"{MAX_DEFAULT_CTX}"),
+                                   f"{MAX_DEFAULT_CTX}", lo=2, hi=MAX_CTX),
     }
 
     def __init__(self, model: str | None = None, *, role: str = "target", **opts) -> None:
