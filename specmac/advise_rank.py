@@ -20,6 +20,7 @@ plain decoder of that group, so a 3x speedup over a slow decoder is not mistaken
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -89,6 +90,15 @@ def gguf_type(path: str) -> str:
     return m.group(1).upper() if m else "GGUF"
 
 
+def _derived_from(path: Path) -> str | None:
+    """The file a cached GGUF was made from (its specmac_source.json), if any."""
+    sidecar = path.parent / "specmac_source.json"
+    try:
+        return str(Path(json.loads(sidecar.read_text())["source"]).resolve())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def source_name(path: Path) -> str:
     """A file's name, or its folder's for the cache's generic model.gguf."""
     return path.parent.name if path.name == "model.gguf" else path.name
@@ -98,6 +108,7 @@ def variants(models: Sequence[str | None], role: str, backends: Sequence[str]) -
     """Every (backend, precision) the installed backends can run each model in. A model is a
     .gguf file or a Hugging Face folder (None: the embedded pair, which ships both)."""
     out: list[Variant] = []
+    given = {str(Path(m).expanduser().resolve()) for m in models if m}
     for model in models:
         if model is None:
             from specmac import assets
@@ -117,8 +128,11 @@ def variants(models: Sequence[str | None], role: str, backends: Sequence[str]) -
         if fmt is None:
             raise BadOption(f"{role}_models: {model} is neither a .gguf file nor a model folder",
                             param=f"{role}_models")
+        derived = fmt == "gguf" and _derived_from(path) in given  # e.g. an F16 requantised from a Q4
         for backend in backends:
             if fmt not in backend_class(backend).formats:
+                continue
+            if derived and backend != "gguf":  # its weights dequantise to those of its source: no new variant
                 continue
             if backend == "gguf":
                 out.append(Variant(role, "gguf", model, {}, gguf_type(model) if fmt == "gguf" else "F16",
