@@ -20,6 +20,7 @@ import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, cache, convert
+from specmac.backends.hf_check import check_folder
 from specmac.errors import BadOption, BadTokens, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
 
@@ -73,6 +74,7 @@ def resolve_model(model: str | None, role: str, quant: str | None) -> tuple[str,
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"{model} is a folder without config.json: give a .gguf file or a "
                                 "Hugging Face model folder")
+        check_folder(path)  # readable configs, a tokenizer, whole safetensors files
         f16, meta = convert.hf_to_gguf(path)
         if quant and quant != "f16":
             return str(requantize(f16, quant)[0]), meta | {"quant": quant}

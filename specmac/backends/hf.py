@@ -11,6 +11,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from specmac.backends.hf_check import check_folder, read_json
 from specmac.errors import ModelNotFound
 from specmac.vocab import Vocab
 
@@ -43,12 +44,14 @@ def _resolve_folder(model: str | None, role: str) -> str:
         if not (folder / "config.json").is_file():
             raise ModelNotFound(f"the embedded {role} model is missing from {folder}: reinstall specmac "
                                 "or pass a model")
+        check_folder(folder)
         return str(folder)
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"{model} has no config.json: point at a Hugging Face model folder "
                                 "(config.json + *.safetensors + tokenizer files)")
+        check_folder(path)
         return str(path)
     if path.exists():
         raise ModelNotFound(f"{model} is neither a model folder nor a GGUF file: point at a Hugging Face "
@@ -109,7 +112,7 @@ def generation_eos_ids(folder: str) -> tuple[int, ...]:
     path = Path(folder) / "generation_config.json"
     if not path.is_file():
         return ()
-    eos = json.loads(path.read_text()).get("eos_token_id")
+    eos = read_json(path).get("eos_token_id")
     return tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
 
@@ -118,8 +121,9 @@ def load_tokenizer(model: str, trust_remote_code: bool = False):
 
     try:
         return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
-    except OSError as e:
-        raise ModelNotFound(f"cannot load a tokenizer from {model}: {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError, TypeError, KeyError) as e:  # missing, unreadable or inconsistent files
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelNotFound(f"cannot load a tokenizer from {model}: {first}") from None
 
 
 def peek_vocab(model: str | None, role: str = "target", trust_remote_code: bool = False,
@@ -130,7 +134,7 @@ def peek_vocab(model: str | None, role: str = "target", trust_remote_code: bool 
     n_logits = 0
     config = Path(folder) / "config.json"
     if config.is_file():
-        cfg = json.loads(config.read_text())
+        cfg = read_json(config)
         n_logits = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size") or 0
     return vocab_from_tokenizer(tok, n_logits, generation_eos_ids(folder))
 

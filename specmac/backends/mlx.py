@@ -150,8 +150,9 @@ def load_mlx(source: str):
                             "folders with safetensors weights")
     try:
         return mlx_lm.load(source)
-    except (OSError, ValueError) as e:
-        raise ModelNotFound(f"mlx-lm cannot load {source}: {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:  # e.g. "Missing 1 parameters: \n<names>"
+        text = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        raise ModelNotFound(f"mlx-lm cannot load {source}: {text[:300]}") from None
 
 
 def context_window(cfg: dict, n_ctx: int | None) -> int:

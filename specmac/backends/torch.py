@@ -161,12 +161,35 @@ def load_model(folder: str, dtype: torch.dtype, device: torch.device, trust_remo
     if path.is_dir() and not any(path.glob("*.safetensors")):
         raise ModelNotFound(f"{folder} has no .safetensors weights: convert the checkpoint to safetensors "
                             "(pickled .bin/.pt files are not loaded)")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its loading report is ours to give, as one line
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True,
-                                                     trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:  # missing files, unknown architecture, remote code refused
+        # mismatched shapes come back in the report (instead of an error that names no tensor)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code,
+            output_loading_info=True, ignore_mismatched_sizes=True)
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as e:
+        # missing or inconsistent files, unknown architecture, remote code refused
         raise ModelNotFound(f"cannot load {folder} with transformers: {one_line(e)}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    check_complete(folder, info)
     return model.to(device).eval()
+
+
+def check_complete(folder: str, info: dict) -> None:
+    """Every parameter of the architecture read from the checkpoint with its own shape, and nothing
+    left over: transformers would initialise a missing tensor randomly and generate garbage."""
+    files = ", ".join(p.name for p in sorted(Path(folder).glob("*.safetensors"))) or "the weights"
+    problems = [(f"tensor {name} is missing", name) for name in sorted(info.get("missing_keys") or ())]
+    problems += [(f"tensor {m[0]} has shape {tuple(m[1])} where the model needs {tuple(m[2])}", m[0])
+                 for m in sorted(info.get("mismatched_keys") or (), key=str)]
+    problems += [(f"tensor {name} is not part of the model", name)
+                 for name in sorted(info.get("unexpected_keys") or ())]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ModelNotFound(f"{folder}/{files}: {problems[0][0]}{more}: the checkpoint does not match "
+                            "config.json; use the model's complete files")
 
 
 def one_line(e: Exception) -> str:

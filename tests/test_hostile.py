@@ -1,0 +1,228 @@
+"""Hostile input, as a user who tries to break specmac would give it: every case exits 2 with exactly
+one line on stderr, no traceback, nothing on stdout and no file left behind (issue 14).
+
+The categories: numbers without bounds, broken model folders (built here from the embedded pair),
+text input, output paths, config and prompt files, plugins, quiet wrong behaviour. The Python API
+gets the same checks (the library validates where values enter it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specmac.backends import missing_requirements
+from specmac.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SYN = ("--target", "synthetic")
+PAIR = ("--draft", "synthetic", "--target", "synthetic")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    needle: str  # the one line must say this (case-insensitive)
+    backend: str | None = None  # a real backend the case needs (skipped where it is missing)
+    stdin: bytes = b""
+    subprocess: bool = False  # bytes in argv or stdin, or signals: a real process
+
+
+def broken_models(root: Path) -> dict[str, str]:
+    """HF folders copied from the embedded target, each broken one way."""
+    from safetensors.numpy import load_file, save_file
+
+    from specmac import assets
+
+    src = assets.hf_dir("target")
+    out = {}
+
+    def copy(name: str) -> Path:
+        d = root / name
+        shutil.copytree(src, d)
+        out[name] = str(d)
+        return d
+
+    weights = load_file(str(src / "model.safetensors"))
+    victim = "model.layers.0.input_layernorm.weight"
+    d = copy("missing_tensor")
+    save_file({k: v for k, v in weights.items() if k != victim}, str(d / "model.safetensors"),
+              metadata={"format": "pt"})
+    d = copy("wrong_shape")
+    save_file(weights | {victim: np.zeros(3, weights[victim].dtype)}, str(d / "model.safetensors"),
+              metadata={"format": "pt"})
+    d = copy("extra_tensor")
+    save_file(weights | {"model.layers.99.surplus.weight": np.zeros(4, np.float32)},
+              str(d / "model.safetensors"), metadata={"format": "pt"})
+    d = copy("truncated")
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+    d = copy("gguf_renamed")
+    shutil.copy(assets.gguf_file("target", "f16"), d / "model.safetensors")
+    (copy("bad_config") / "config.json").write_text('{"model_type": "llama",')
+    (copy("empty_config") / "config.json").write_text("")
+    (copy("bad_generation_config") / "generation_config.json").write_text("{nope")
+    d = copy("no_tokenizer")
+    (d / "tokenizer.json").unlink()
+    (d / "tokenizer_config.json").unlink()
+    return out
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("hostile")
+    out = broken_models(d / "models") if not missing_requirements("torch") else {}
+    (d / "a_file").write_text("x")
+    return out | {"a_file": str(d / "a_file"), "root": str(d)}
+
+
+MODEL_CASES = [
+    (name, needle) for name, needle in [
+        ("missing_tensor", "tensor model.layers.0.input_layernorm.weight is missing"),
+        ("wrong_shape", "model.layers.0.input_layernorm.weight has shape (3,)"),
+        ("extra_tensor", "tensor model.layers.99.surplus.weight is not part of the model"),
+        ("truncated", "model.safetensors is truncated"),
+        ("gguf_renamed", "is a gguf file, not safetensors"),
+        ("bad_config", "config.json is not valid json"),
+        ("empty_config", "config.json is not valid json"),
+        ("bad_generation_config", "generation_config.json is not valid json"),
+        ("no_tokenizer", "has no tokenizer"),
+    ]
+]
+MLX_MODEL_CASES = [("missing_tensor", "model.layers.0.input_layernorm.weight"),
+                   ("wrong_shape", "(3,)"), ("truncated", "is truncated"), ("gguf_renamed", "gguf file"),
+                   ("empty_config", "not valid json"), ("no_tokenizer", "has no tokenizer")]
+
+CASES = [
+    # 1. numbers without bounds
+    Case("k-huge", ("run", *PAIR, "--k", "100000000", "hi"),
+         "--k 100000000 is out of range: use an integer 1..256"),
+    Case("k-range-huge", ("compare", "--pair", "synthetic:synthetic", "--k", "1-1000000000"),
+         "--k '1-1000000000' is out of range"),
+    Case("k-range-reversed", ("compare", "--pair", "synthetic:synthetic", "--k", "8-2"), "out of range"),
+    Case("synthetic-noise-inf", ("run", *PAIR, "--draft-opt", "noise=inf", "hi"),
+         "noise='inf' is not a finite"),
+    Case("synthetic-noise-nan", ("run", *PAIR, "--draft-opt", "noise=nan", "hi"),
+         "noise='nan' is not a finite"),
+    Case("synthetic-latency-negative", ("run", *SYN, "--target-opt", "latency_ms=-5", "hi"),
+         "latency_ms=-5.0 is out of range"),
+    Case("synthetic-seed-negative", ("run", *SYN, "--target-opt", "seed=-1", "hi"),
+         "seed=-1 is out of range"),
+    Case("synthetic-n-ctx-huge", ("run", *SYN, "--target-opt", "n_ctx=1000000000", "hi"),
+         "n_ctx=1000000000"),
+    Case("gguf-threads-huge", ("run", "--target", "gguf", "--target-opt", "n_threads=100000", "hi"),
+         "n_threads=100000 is out of range", backend="gguf"),
+    Case("gguf-n-ctx-above-training", ("run", "--target", "gguf", "--target-opt", "n_ctx=100000", "hi"),
+         "n_ctx=100000 is out of range", backend="gguf"),
+    Case("torch-threads-huge", ("run", "--target", "torch", "--target-opt", "n_threads=100000", "hi"),
+         "n_threads=100000 is out of range", backend="torch"),
+    Case("advise-context-huge", ("advise", *PAIR, "--context", "100000"), "context 100000"),
+    # 3. text input
+    Case("stdin-invalid-utf8", ("run", *SYN), "stdin is not utf-8 text (byte 2)", stdin=b"ab\xffcd",
+         subprocess=True),
+    Case("argv-invalid-utf8", ("run", *SYN, "ab\udcffcd"), "prompt is not utf-8 text (byte 2)",
+         subprocess=True),
+    Case("prompt-file-dev-zero", ("run", *SYN, "--prompt-file", "/dev/zero"), "larger than 8 mib"),
+    Case("prompt-file-invalid-utf8", ("run", *SYN, "--prompt-file", "-"), "stdin is not utf-8 text (byte 0)",
+         stdin=b"\xc3\x28", subprocess=True),
+    *(Case(f"torch-{name}", ("run", "--target", "torch", "--target-model", f"{{{name}}}", "hi"), needle,
+           backend="torch") for name, needle in MODEL_CASES),
+    *(Case(f"mlx-{name}", ("run", "--target", "mlx", "--target-model", f"{{{name}}}", "hi"), needle,
+           backend="mlx") for name, needle in MLX_MODEL_CASES),
+]
+
+
+def _skip(case: Case) -> str | None:
+    for backend in filter(None, (case.backend, "torch" if "{" in " ".join(case.args) else None)):
+        if missing_requirements(backend):
+            return f"the {backend} backend is not installed here"
+    return None
+
+
+def _params(cases):
+    return [pytest.param(c, id=c.id, marks=[pytest.mark.skip(reason=r)] if (r := _skip(c)) else [])
+            for c in cases]
+
+
+def _listing(*dirs: Path) -> set[str]:
+    return {str(p) for d in dirs for p in d.rglob("*")}
+
+
+def _check(case: Case, code: int, stdout: str, stderr: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert code == 2, f"exit {code}, stderr: {stderr}"
+    assert "Traceback" not in stderr
+    assert len(lines) == 1, f"expected one line, got: {stderr!r}"
+    assert lines[0].startswith("Error: ")
+    assert case.needle.lower() in lines[0].lower(), lines[0]
+    assert stdout == ""
+
+
+def run_case(case: Case, files: dict[str, str], cwd: Path) -> tuple[int, str, str]:
+    args = [a.format(**files) for a in case.args]
+    if case.subprocess:
+        env = {k: v for k, v in os.environ.items() if k != "SPECMAC_DEBUG"}
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        argv = [os.fsencode(a) if "\udcff" not in a else a.encode("utf-8", "surrogateescape") for a in args]
+        r = subprocess.run([os.fsencode(sys.executable), b"-m", b"specmac", *argv], input=case.stdin,
+                           capture_output=True, env=env, cwd=cwd, timeout=300)
+        return r.returncode, r.stdout.decode(), r.stderr.decode()
+    result = CliRunner().invoke(main, args, input=case.stdin)
+    assert isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("case", _params(CASES))
+def test_hostile_input(case: Case, files, tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECMAC_DEBUG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    before = _listing(tmp_path, Path(files["root"]))
+    code, out, err = run_case(case, files, tmp_path)
+    _check(case, code, out, err)
+    assert _listing(tmp_path, Path(files["root"])) == before, "files were left behind"
+
+
+# --- the Python API gets the same checks -----------------------------------------------------
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"k": True}, "k True"), ({"k": 2.5}, "k 2.5"), ({"k": 0}, "k 0"), ({"k": 257}, "k 257"),
+    ({"k": "fast"}, "k 'fast'"), ({"max_tokens": True}, "max_tokens True"),
+    ({"max_tokens": 2.0}, "max_tokens 2.0"), ({"seed": -1}, "seed -1"),
+])
+def test_api_refuses_bad_values(kw, needle):
+    import specmac
+    from specmac.errors import BadOption
+
+    with pytest.raises(BadOption, match=needle) as e:
+        specmac.generate("hi", target="synthetic", draft="synthetic", **kw)
+    assert e.value.param in kw
+
+
+@pytest.mark.parametrize("opts, needle", [
+    ({"noise": float("inf")}, "not a finite number"), ({"noise": -1}, "out of range"),
+    ({"n_ctx": True}, "is a bool, not an integer"), ({"n_ctx": 1.5}, "is a float, not an integer"),
+    ({"sharpness": "nan"}, "not a finite number"), ({"beta": [1]}, "is a list"),
+])
+def test_api_refuses_bad_backend_options(opts, needle):
+    from specmac.backends import load_backend
+    from specmac.errors import BadOption
+
+    with pytest.raises(BadOption, match=needle):
+        load_backend("synthetic", None, opts)
+
+
+def test_compare_k_range_refused_before_it_is_built():
+    from specmac.compare import parse_ks
+    from specmac.errors import BadOption
+
+    assert parse_ks("1-4,8") == [1, 2, 3, 4, 8]
+    with pytest.raises(BadOption, match="out of range"):
+        parse_ks("1-10000000000000")
