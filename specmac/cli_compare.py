@@ -90,7 +90,7 @@ def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt
             prompts_path, n_prompts, max_tokens, repeats, warmup_tokens, out_dir, as_json, **kw):
     from specmac import compare as cmp
     from specmac import prompts, report
-    from specmac.results import write_json
+    from specmac.results import check_output, write_json
 
     if max_tokens < 1 or repeats < 1 or warmup_tokens < 1:
         raise UserError("--max-tokens, --repeats and --warmup-tokens must be integers >= 1")
@@ -105,6 +105,7 @@ def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt
             opts=_backend_opts(opt, "--opt"), draft_opts=_backend_opts(draft_opt, "--draft-opt"),
             target_opts=_backend_opts(target_opt, "--target-opt")))
     out = Path(out_dir or _default_out())
+    check_output(out, "out", folder=True)  # before anything is loaded or measured
     command = shlex.join(["specmac", *sys.argv[1:]])
     n_spec = len(settings.pairs) * len(settings.ks)
     click.echo(f"{len(settings.pairs)} pairings x {len(settings.ks)} K + {len(settings.configs()) - n_spec} "
@@ -189,7 +190,9 @@ def _clock(seconds: float) -> str:
 def report(directory, out_dir, as_json):
     """Re-render summary.md and the plots of a compare run from its results.json (no re-run)."""
     from specmac import report as rep
+    from specmac.results import check_output
 
+    check_output(out_dir or directory, "out", folder=True)
     record = rep.load_record(directory)
     written = rep.render(record, out_dir or directory)
     if as_json:

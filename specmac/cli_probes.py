@@ -34,12 +34,23 @@ def probe_parallelism_cmd(backend_name, model, opt, role, n_max, context, repeat
 
     if repeats < 1:
         raise UserError(f"--repeats {repeats} is out of range: use an integer >= 1")
+    _check_outputs(out, plot)
     backend = load_backend(backend_name, model, parse_kv(opt, "--opt"), role=role)
     if serial:
         backend = SerialBackend(backend)
     record = probe_parallelism(backend, n_max=n_max, context=context, repeats=repeats)
     record["provenance"] = provenance(" ".join(sys.argv), model_files(backend, model, role))
     _report(record, out, plot and (lambda: plot_parallelism([record], plot)), as_json, _print_probe)
+
+
+def _check_outputs(out: str | None, plot: str | None) -> None:
+    """--out and --plot can be written: checked before anything is loaded or measured."""
+    from specmac.results import check_output
+
+    if out:
+        check_output(out, "out")
+    if plot:
+        check_output(plot, "plot", image=True)
 
 
 def _report(record: dict, out: str | None, draw, as_json: bool, show) -> None:
@@ -120,6 +131,7 @@ def advise(target_models, draft_models, backends_text, k_max, prompts, run_token
 
     if run_tokens < 2 or repeats < 1:
         raise UserError("--run-tokens must be >= 2 and --repeats >= 1")
+    _check_outputs(out, plot)
     params = sampling_params(kw)
     if kw["draft"] is None or kw["draft"] == "none":
         _rank(target_models, draft_models, backends_text, k_max, prompts, run_tokens, params, kw, as_json,

@@ -25,7 +25,27 @@ def load_record(directory: str | Path) -> dict:
         raise BadOption(f"{path} is not valid JSON ({e.msg}): re-run specmac compare") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise BadOption(f"{path} is not a specmac compare record (format {FORMAT}): re-run specmac compare")
+    for key, kind in (("settings", dict), ("results", list), ("predictions", dict), ("backends", dict)):
+        if not isinstance(record.get(key), kind):
+            raise BadOption(f"{path}: field {key!r} is missing or not a {kind.__name__}: re-run specmac "
+                            "compare")
+    from specmac.results import _pyplot
+
+    for fig in build(record, path)[1].values():  # every field the outputs read, read once up front
+        _pyplot().close(fig)
     return record
+
+
+def build(record: dict, source: str | Path = "the record") -> tuple[str, dict]:
+    """summary.md's text and the figures, in memory; a record with a missing or mistyped field is
+    a BadOption naming it (nothing has been written yet)."""
+    try:
+        return summary_markdown(record), figures(record)
+    except KeyError as e:
+        problem = f"field {e.args[0]!r} is missing"
+    except (TypeError, ValueError, AttributeError, IndexError) as e:
+        problem = f"a field has the wrong type ({(str(e).splitlines() or [type(e).__name__])[0]})"
+    raise BadOption(f"{source}: {problem}: re-run specmac compare")
 
 
 PLOTS = {"speedup_vs_k.png": "speedup over target-only vs K, per pairing",
@@ -37,10 +57,11 @@ def render(record: dict, directory: str | Path) -> list[Path]:
     """Write summary.md and the PNG plots of ``record`` into ``directory``; return their paths."""
     from specmac.results import save_figure
 
+    text, figs = build(record)  # everything built before the first file is written: all or none
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "summary.md").write_text(summary_markdown(record), "utf-8")
-    return [d / "summary.md"] + [save_figure(fig, d / name) for name, fig in figures(record).items()]
+    (d / "summary.md").write_text(text, "utf-8")
+    return [d / "summary.md"] + [save_figure(fig, d / name) for name, fig in figs.items()]
 
 
 def label(row: dict) -> str:

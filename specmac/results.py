@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from specmac.errors import BadOption
+
 LIBRARIES = ("numpy", "mlx", "mlx-lm", "llama-cpp-python", "torch", "transformers")
 REPO = Path(__file__).resolve().parent.parent
 
@@ -131,6 +133,30 @@ def provenance(command: str | None = None, models: Sequence[str | Path | None] =
         "machine": machine(),
         "models": model_fingerprints(models),
     }
+
+
+IMAGE_TYPES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".eps", ".ps")
+
+
+def check_output(path: str | Path, param: str, *, folder: bool = False, image: bool = False) -> None:
+    """Fail in a second, before anything is measured, where ``path`` could not be written at the end:
+    an unknown image type, a file where a folder is needed (or the reverse), a path under a file, a
+    folder without write permission. Creates nothing."""
+    p = Path(path)
+    if image and p.suffix.lower() not in IMAGE_TYPES:
+        raise BadOption(f"{param} {path}: {p.suffix or 'no extension'} is not an image type: end the "
+                        f"name with {', '.join(IMAGE_TYPES[:3])}", param=param)
+    if p.exists() and p.is_dir() != folder:
+        what = "a file, not a folder" if folder else "a folder, not a file"
+        raise BadOption(f"{param} {path} is {what}: give another path", param=param)
+    where = p if folder and p.exists() else p.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise BadOption(f"{param} {path}: {where} is a file, not a folder: give another path", param=param)
+    if not os.access(where, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise BadOption(f"{param} {path}: cannot write in {where} (permission denied): give a writable "
+                        "path", param=param)
 
 
 def write_json(path: str | Path, record: Any) -> Path:

@@ -81,7 +81,31 @@ def files(tmp_path_factory) -> dict[str, str]:
     d = tmp_path_factory.mktemp("hostile")
     out = broken_models(d / "models") if not missing_requirements("torch") else {}
     (d / "a_file").write_text("x")
-    return out | {"a_file": str(d / "a_file"), "root": str(d)}
+    return out | records(d) | {"a_file": str(d / "a_file"), "root": str(d)}
+
+
+def records(root: Path) -> dict[str, str]:
+    """compare records (results.json) broken one field at a time, from a real synthetic run."""
+    import json
+
+    from specmac import compare as cmp
+    from specmac.prompts import read_prompts
+    from specmac.sampling import SamplingParams
+
+    settings = cmp.Settings(pairs=cmp.parse_pairs(["synthetic:synthetic"]), ks=[1, 2],
+                            prompts=read_prompts(None, 2), params=SamplingParams(0.0), max_tokens=8,
+                            repeats=1, seed=0, warmup_tokens=2, backends={})
+    good = cmp.run_compare(settings)
+    out = {}
+    for name, damage in {"record_missing": lambda r: r["results"][0].pop("speedup"),
+                         "record_mistyped": lambda r: r["results"][0].update(k="x"),
+                         "record_bad_settings": lambda r: r.update(settings=5)}.items():
+        rec = json.loads(json.dumps(good, default=str))
+        damage(rec)
+        (root / name).mkdir()
+        (root / name / "results.json").write_text(json.dumps(rec))
+        out[name] = str(root / name)
+    return out
 
 
 MODEL_CASES = [
@@ -133,6 +157,24 @@ CASES = [
     Case("prompt-file-dev-zero", ("run", *SYN, "--prompt-file", "/dev/zero"), "larger than 8 mib"),
     Case("prompt-file-invalid-utf8", ("run", *SYN, "--prompt-file", "-"), "stdin is not utf-8 text (byte 0)",
          stdin=b"\xc3\x28", subprocess=True),
+    # 4. output paths, refused before anything is measured (a measurement would fail these cases
+    # only at its end)
+    Case("compare-out-under-a-file", ("compare", "--pair", "synthetic:synthetic", "--out", "{a_file}/sub"),
+         "is a file, not a folder"),
+    Case("compare-out-is-a-file", ("compare", "--pair", "synthetic:synthetic", "--out", "{a_file}"),
+         "is a file"),
+    Case("probe-out-under-a-file",
+         ("probe-parallelism", "--backend", "synthetic", "--out", "{a_file}/x.json"),
+         "is a file, not a folder"),
+    Case("probe-plot-unknown-type", ("probe-parallelism", "--backend", "synthetic", "--plot", "t.gif"),
+         "--plot t.gif: .gif is not an image type"),
+    Case("advise-out-under-a-file", ("advise", *PAIR, "--out", "{a_file}/x.json"), "is a file, not a folder"),
+    Case("advise-plot-unknown-type", ("advise", *PAIR, "--plot", "s.bmpx"), ".bmpx is not an image type"),
+    Case("report-missing-field", ("report", "{record_missing}"), "field 'speedup' is missing"),
+    Case("report-mistyped-field", ("report", "{record_mistyped}"), "wrong type"),
+    Case("report-settings-not-a-table", ("report", "{record_bad_settings}"), "field 'settings' is missing"),
+    Case("report-out-under-a-file", ("report", "{record_missing}", "--out", "{a_file}/r"),
+         "is a file, not a folder"),
     *(Case(f"torch-{name}", ("run", "--target", "torch", "--target-model", f"{{{name}}}", "hi"), needle,
            backend="torch") for name, needle in MODEL_CASES),
     *(Case(f"mlx-{name}", ("run", "--target", "mlx", "--target-model", f"{{{name}}}", "hi"), needle,
