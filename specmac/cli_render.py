@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 import click
 
 from specmac.api import Pair
-from specmac.errors import SpecmacError
+from specmac.errors import BrokenBackend, SpecmacError
 from specmac.loop import Event
 from specmac.policy import AdaptiveK, FixedK, KPolicy
 from specmac.runstats import RunStats
@@ -381,6 +381,8 @@ def backend_rows() -> list[dict]:
             cls = backend_class(name)
             row.update(installed=True, library=cls.library, version=library_version(cls.library),
                        devices=list(cls.devices()))
+        except BrokenBackend as e:  # listed with the reason, never a crash of the listing itself
+            row.update(problem=str(e), broken=True)
         except SpecmacError as e:
             row["problem"] = str(e)
         rows.append(row)
@@ -395,6 +397,6 @@ def list_backends(as_json: bool) -> None:
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         state = (f"{r['library']} {r['version']}  devices: {', '.join(r['devices'])}"
-                 if r["installed"] else f"not installed: {r['problem']}")
+                 if r["installed"] else f"{'broken' if r.get('broken') else 'not installed'}: {r['problem']}")
         click.echo(f"{r['name']:<{width}}  {state}")
     click.echo("drafters without a model: ngram (prompt lookup), none (target only)")

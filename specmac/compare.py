@@ -24,7 +24,7 @@ import numpy as np
 
 from specmac.advise import advise
 from specmac.api import K_MAX, Pair
-from specmac.backends import BaseBackend, load_backend, missing_requirements, registry
+from specmac.backends import BaseBackend, available, load_backend, registry
 from specmac.drafters import MODEL_FREE, Drafter, NoDraft, load_drafter
 from specmac.errors import BadOption, SpecmacError
 from specmac.prompts import N_ADVISE as ADVISE_PROMPTS
@@ -122,7 +122,7 @@ def parse_pairs(texts: Sequence[str]) -> list[PairSpec]:
     """Every --pair, in order and without repeats; none (or "all") means every combination of the
     installed model backends (synthetic left out), plus ngram -> each of them."""
     if not texts or "all" in texts:
-        real = [n for n in registry() if n != "synthetic" and not missing_requirements(n)]
+        real = [n for n in registry() if n != "synthetic" and available(n)]  # broken plugins skipped
         if not real:
             raise BadOption("no model backend is installed: pip install 'specmac[all]' or name the pairs",
                             param="pairs")
@@ -160,10 +160,7 @@ def backend_settings(config: dict | None = None, *, draft_model: dict[str, str] 
     target_options}}) with command-line values, which win. opts are (backend, key, value)."""
     out: dict[str, dict] = {}
     for name, table in (config or {}).items():
-        if not isinstance(table, dict) or set(table) - set(BACKEND_KEYS):
-            raise BadOption(f"config table [{name}] may only hold {', '.join(BACKEND_KEYS)}",
-                            param="config_path")
-        out[name] = {k: (dict(v) if k.endswith("options") else str(v)) for k, v in table.items()}
+        out[name] = check_table(name, table)
     for key, given in (("draft_model", draft_model), ("target_model", target_model)):
         for name, path in (given or {}).items():
             out.setdefault(name, {})[key] = path
@@ -171,6 +168,28 @@ def backend_settings(config: dict | None = None, *, draft_model: dict[str, str] 
         for name, k, v in triples:
             out.setdefault(name, {}).setdefault(key, {})[k] = v
     return out
+
+
+def check_table(name: str, table: Any) -> dict:
+    """One [backend] table of the config: known keys, models as strings, options as tables of
+    plain values (their types and ranges are the backend's to check, by option name)."""
+    def bad(msg: str) -> BadOption:
+        return BadOption(f"config [{name}] {msg}", param="config_path")
+
+    if not isinstance(table, dict):
+        raise bad(f"is not a table: write [{name}] with keys {', '.join(BACKEND_KEYS)}")
+    for key, value in table.items():
+        if key not in BACKEND_KEYS:
+            raise bad(f"has an unknown key {key!r}: use {', '.join(BACKEND_KEYS)}")
+        if key.endswith("_model") and not isinstance(value, str):
+            raise bad(f"{key} = {value!r} is not a string: give the model's path in quotes")
+        if key.endswith("options"):
+            if not isinstance(value, dict):
+                raise bad(f"{key} = {value!r} is not a table: write {key} = {{ n_threads = 2 }}")
+            for k, v in value.items():
+                if not isinstance(v, (str, int, float, bool)):
+                    raise bad(f"{key}.{k} = {v!r} is not a string, number or boolean")
+    return {k: (dict(v) if k.endswith("options") else v) for k, v in table.items()}
 
 
 def read_config(path: str) -> dict:
@@ -189,6 +208,9 @@ def read_config(path: str) -> dict:
         raise BadOption(f"cannot read config {path}: {e.strerror}", param="config_path") from None
     except tomllib.TOMLDecodeError as e:
         raise BadOption(f"config {path} is not valid TOML: {e}", param="config_path") from None
+    except UnicodeDecodeError as e:
+        raise BadOption(f"config {path} is not UTF-8 text (byte {e.start}): save it as UTF-8",
+                        param="config_path") from None
 
 
 def model_and_options(backends: dict[str, dict], name: str, role: str) -> tuple[str | None, dict]:

@@ -23,6 +23,10 @@ class BackendNotInstalled(SpecmacError):
     """The framework a backend needs is not importable."""
 
 
+class BrokenBackend(SpecmacError):
+    """A registered backend (a plugin) whose module fails to import or names no backend class."""
+
+
 class UnknownBackend(SpecmacError):
     """No backend is registered under that name."""
 

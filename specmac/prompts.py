@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from importlib import resources
-from pathlib import Path
 
 from specmac.errors import BadOption
 
 N_ADVISE = 4  # advise measures acceptance on the first prompts of a set
+MAX_FILE_BYTES = 64 << 20
 
 
 def default_prompts() -> list[dict]:
@@ -28,16 +28,29 @@ def read_prompts(path: str | None, limit: int | None = None) -> list[dict]:
     if path is None:
         prompts = default_prompts()
     else:
-        try:
-            text = Path(path).read_text("utf-8")
-        except OSError as e:
-            raise BadOption(f"cannot read prompts file {path}: {e.strerror}", param="prompts_path") from None
-        prompts = _parse_prompts(text, json_file=path.endswith(".json"), source=path)
+        prompts = _parse_prompts(_read_text(path), json_file=path.endswith(".json"), source=path)
     if limit is not None:
         if limit < 1:
             raise BadOption(f"n_prompts {limit} is out of range: use an integer >= 1", param="n_prompts")
         prompts = prompts[:limit]
     return prompts
+
+
+def _read_text(path: str) -> str:
+    """The file as strict UTF-8 (an error names the byte offset), at most MAX_FILE_BYTES."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise BadOption(f"cannot read prompts file {path}: {e.strerror}", param="prompts_path") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise BadOption(f"prompts file {path} is larger than {MAX_FILE_BYTES >> 20} MiB: give fewer, "
+                        "shorter prompts", param="prompts_path")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadOption(f"prompts file {path} is not UTF-8 text (byte {e.start}): save it as UTF-8",
+                        param="prompts_path") from None
 
 
 def _parse_prompts(text: str, *, json_file: bool, source: str) -> list[dict]:
@@ -50,16 +63,24 @@ def _parse_prompts(text: str, *, json_file: bool, source: str) -> list[dict]:
     else:
         blocks = "\n".join("\x00" if line.strip() == "---" else line for line in text.splitlines())
         items = [b.strip("\n") for b in blocks.split("\x00")]
-    out = []
+    out: list[dict] = []
+    seen: dict[str, int] = {}
     for i, item in enumerate(items if isinstance(items, list) else [None]):
         if isinstance(item, str):
             item = {"text": item}
         if not isinstance(item, dict) or not isinstance(item.get("text"), str):
             raise BadOption(f"prompts file {source}: entry {i} is not a string or an object with 'text'",
                             param="prompts_path")
+        pid, kind = item.get("id", f"p{i}"), item.get("kind", "")
+        if isinstance(pid, bool) or not isinstance(pid, (str, int)) or not isinstance(kind, str):
+            raise BadOption(f"prompts file {source}: entry {i} has an id that is not a string or a "
+                            "kind that is not a string", param="prompts_path")
+        if str(pid) in seen:  # runs are paired with their baseline by id
+            raise BadOption(f"prompts file {source}: id {str(pid)!r} is given twice (entries "
+                            f"{seen[str(pid)]} and {i}): give every prompt its own id", param="prompts_path")
+        seen[str(pid)] = i
         if item["text"].strip():
-            out.append({"id": str(item.get("id", f"p{i}")), "kind": item.get("kind", ""),
-                        "text": item["text"]})
+            out.append({"id": str(pid), "kind": kind, "text": item["text"]})
     if not out:
         raise BadOption(f"prompts file {source} holds no prompt: give at least one non-empty prompt",
                         param="prompts_path")

@@ -268,3 +268,124 @@ def test_compare_k_range_refused_before_it_is_built():
     assert parse_ks("1-4,8") == [1, 2, 3, 4, 8]
     with pytest.raises(BadOption, match="out of range"):
         parse_ks("1-10000000000000")
+
+
+# --- 5. config and prompt files ----------------------------------------------------------------
+
+@pytest.mark.parametrize("toml, needle", [
+    ("[synthetic]\noptions = 5\n", "options = 5 is not a table"),
+    ("[synthetic]\noptions = [1, 2]\n", "is not a table"),
+    ("synthetic = 3\n", "config [synthetic] is not a table"),
+    ("[synthetic]\ntarget_model = 5\n", "target_model = 5 is not a string"),
+    ("[synthetic]\ncolour = 'red'\n", "unknown key 'colour'"),
+    ("[synthetic]\noptions = { n_ctx = [1] }\n", "options.n_ctx = [1] is not a string, number or boolean"),
+])
+def test_compare_config_values_named(tmp_path, toml, needle):
+    from specmac import compare as cmp
+    from specmac.errors import BadOption
+
+    path = tmp_path / "c.toml"
+    path.write_text(toml)
+    with pytest.raises(BadOption, match=re_escape(needle)) as e:
+        cmp.backend_settings(cmp.read_config(str(path)))
+    assert e.value.param == "config_path"
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+@pytest.mark.parametrize("toml, needle", [
+    ("[synthetic]\noptions = { noise = true }\n", "noise=True is a bool, not a number"),
+    ("[synthetic]\noptions = { n_ctx = true }\n", "n_ctx=True is a bool, not an integer"),
+    ("[synthetic]\noptions = { n_ctx = 1.5 }\n", "n_ctx=1.5 is a float, not an integer"),
+])
+def test_compare_config_option_types_checked_by_the_backend(tmp_path, toml, needle):
+    from specmac import compare as cmp
+    from specmac.backends import backend_class
+    from specmac.errors import BadOption
+
+    path = tmp_path / "c.toml"
+    path.write_text(toml)
+    options = cmp.backend_settings(cmp.read_config(str(path)))["synthetic"]["options"]
+    with pytest.raises(BadOption, match=re_escape(needle)):
+        backend_class("synthetic").parse_options(options)
+
+
+def test_config_and_prompts_not_utf8(tmp_path):
+    from specmac import compare as cmp
+    from specmac.errors import BadOption
+    from specmac.prompts import read_prompts
+
+    bad = tmp_path / "c.toml"
+    bad.write_bytes(b"[synthetic]\noptions = { seed = 1 } # \xff\n")
+    with pytest.raises(BadOption, match=r"not UTF-8 text \(byte|not valid TOML"):
+        cmp.read_config(str(bad))
+    prompts = tmp_path / "p.txt"
+    prompts.write_bytes(b"hello\n---\nab\xffc")
+    with pytest.raises(BadOption, match=r"is not UTF-8 text \(byte 12\)"):
+        read_prompts(str(prompts))
+
+
+def test_duplicate_prompt_ids_refused(tmp_path):
+    import json
+
+    from specmac.errors import BadOption
+    from specmac.prompts import read_prompts
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps([{"id": "a", "text": "x"}, {"id": "b", "text": "y"},
+                                {"id": "a", "text": "z"}]))
+    with pytest.raises(BadOption, match="id 'a' is given twice"):
+        read_prompts(str(path))
+    path.write_text(json.dumps([{"id": ["a"], "text": "x"}]))
+    with pytest.raises(BadOption, match="entry 0 has an id that is not a string"):
+        read_prompts(str(path))
+
+
+# --- 6. plugins that fail to load -------------------------------------------------------------
+
+PLUGINS = {
+    "raiseplug": ("raiseplug_mod:Backend", "raise RuntimeError('boom at import')\n", "fails to import"),
+    "noattrplug": ("noattrplug_mod:Nothing", "X = 1\n", "'noattrplug_mod:Nothing' does not exist"),
+    "notclassplug": ("notclassplug_mod:X", "X = 1\n", "is not a BaseBackend subclass"),
+}
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    info = tmp_path / "specmac_badplugs-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: specmac-badplugs\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[specmac.backends]\n" + "".join(f"{n} = {entry}\n" for n, (entry, _, _) in PLUGINS.items()))
+    for entry, source, _ in PLUGINS.values():
+        (tmp_path / f"{entry.partition(':')[0]}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", list(PLUGINS))
+def test_broken_plugin_is_one_line(name, plugins):
+    result = CliRunner().invoke(main, ["run", "--target", name, "hi"])
+    _check(Case(name, (), PLUGINS[name][2]), result.exit_code, result.stdout, result.stderr)
+
+
+def test_backends_lists_broken_plugins(plugins):
+    result = CliRunner().invoke(main, ["backends"])
+    assert result.exit_code == 0, result.output
+    for name, (_, _, needle) in PLUGINS.items():
+        line = next(x for x in result.stdout.splitlines() if x.startswith(name))
+        assert "broken:" in line and needle in line
+
+
+def test_default_compare_skips_broken_plugins(plugins):
+    from specmac.backends import BUILTINS, available
+    from specmac.compare import parse_pairs
+
+    if not any(available(n) for n in BUILTINS if n != "synthetic"):
+        pytest.skip("no model backend is installed here, so the default compare has no pairs")
+    names = {n for p in parse_pairs([]) for n in (p.draft, p.target)}
+    assert names and not names & set(PLUGINS)

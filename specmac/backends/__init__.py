@@ -23,6 +23,7 @@ from specmac.errors import (
     BackendNotInstalled,
     BadOption,
     BadTokens,
+    BrokenBackend,
     ContextOverflow,
     SpecmacError,
     UnknownBackend,
@@ -252,7 +253,29 @@ def backend_class(name: str) -> type:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as e:  # a plugin's own dependency
         raise BackendNotInstalled(install_hint(name, e.name or str(e))) from None
-    return getattr(mod, attr)
+    except Exception as e:  # a plugin that raises at import must not take the CLI down with it
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise BrokenBackend(f"the {name} backend fails to import ({module}: {type(e).__name__}"
+                            f"{': ' + first if first else ''}): fix or uninstall the package that "
+                            "provides it") from None
+    cls = getattr(mod, attr, None) if attr else None
+    if not (isinstance(cls, type) and issubclass(cls, BaseBackend)):
+        what = "does not exist" if cls is None else "is not a BaseBackend subclass"
+        raise BrokenBackend(f"the {name} backend's entry point {reg[name]!r} {what}: fix or uninstall "
+                            "the package that provides it")
+    return cls
+
+
+def available(name: str) -> bool:
+    """Can ``name`` be loaded here? Built-ins: their frameworks are importable (checked without
+    importing them); plugins: their class imports."""
+    if name in BUILTINS:
+        return not missing_requirements(name)
+    try:
+        backend_class(name)
+    except SpecmacError:
+        return False
+    return True
 
 
 def load_backend(name: str, model: str | None = None, options: dict[str, Any] | None = None,
