@@ -98,8 +98,12 @@ class Group(click.Group):
             raise _user_error(e, _usage_hint(e)) from None
 
     def invoke(self, ctx: click.Context) -> Any:
+        _sigterm_like_ctrl_c()
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:  # the reader went away (`| head`): end quietly, as cat does
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(0)
         except SpecmacError as e:
             raise _user_error(e) from None
         except UserError as e:  # raised by a command's own checks
@@ -112,6 +116,18 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
             ctx.exit(130)
+
+
+def _sigterm_like_ctrl_c() -> None:
+    """SIGTERM stops a command as Ctrl-C does (what was generated, then the stats; exit 130)."""
+    import signal
+    import threading
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 def _version_message() -> str:
@@ -285,7 +301,7 @@ def use_color(flag: bool | None, as_json: bool) -> bool:
         return False
     if flag is not None:
         return flag
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
 # --- run ----------------------------------------------------------------------------------

@@ -69,6 +69,10 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
     if len(seq) > target.n_ctx:
         raise ContextOverflow(f"the prompt has {len(seq)} tokens but the context window is "
                               f"{target.n_ctx}: shorten it or raise n_ctx", param="prompt")
+    d = drafter.backend
+    if drafter.drafts and d is not None and len(seq) >= d.n_ctx:  # it could never draft a token
+        raise ContextOverflow(f"the prompt has {len(seq)} tokens but the draft's context window is "
+                              f"{d.n_ctx}: shorten it or raise the draft's n_ctx", param="prompt")
     target.reset()
     drafter.trim(0)
     try:

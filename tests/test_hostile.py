@@ -149,6 +149,8 @@ CASES = [
     Case("torch-threads-huge", ("run", "--target", "torch", "--target-opt", "n_threads=100000", "hi"),
          "n_threads=100000 is out of range", backend="torch"),
     Case("advise-context-huge", ("advise", *PAIR, "--context", "100000"), "context 100000"),
+    Case("draft-context-below-prompt", ("run", *PAIR, "--draft-opt", "n_ctx=4", "hello world"),
+         "the draft's context window is 4"),
     # 3. text input
     Case("stdin-invalid-utf8", ("run", *SYN), "stdin is not utf-8 text (byte 2)", stdin=b"ab\xffcd",
          subprocess=True),
@@ -389,3 +391,47 @@ def test_default_compare_skips_broken_plugins(plugins):
         pytest.skip("no model backend is installed here, so the default compare has no pairs")
     names = {n for p in parse_pairs([]) for n in (p.draft, p.target)}
     assert names and not names & set(PLUGINS)
+
+
+# --- 8. signals, a closed stdout, TERM=dumb ---------------------------------------------------
+
+def _spawn(args: list[str], **kw) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "SPECMAC_DEBUG"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.Popen([sys.executable, "-m", "specmac", *args], env=env, **kw)
+
+
+def test_sigterm_is_handled_like_ctrl_c(tmp_path):
+    import signal
+    import time
+
+    proc = _spawn(["run", *PAIR, "--target-opt", "latency_ms=20", "--max-tokens", "5000", "hello"],
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    time.sleep(3)  # the interpreter starts and generation begins
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert b"finish: interrupted" in err and b"Traceback" not in err
+    assert out  # what was generated before the signal
+
+
+def test_closed_stdout_ends_quietly(tmp_path):
+    proc = _spawn(["run", *SYN, "--target-opt", "latency_ms=1", "--max-tokens", "3000", "hello"],
+                  stdout=subprocess.PIPE,
+                  stderr=subprocess.PIPE, cwd=tmp_path)
+    proc.stdout.read(10)
+    proc.stdout.close()  # as `| head -c 10` does
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0, err
+    assert err == b""
+
+
+def test_term_dumb_means_no_colour(monkeypatch):
+    from specmac.cli import use_color
+
+    monkeypatch.setattr(sys, "stdout", type("Tty", (), {"isatty": lambda self: True})())
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert use_color(None, False)
+    monkeypatch.setenv("TERM", "dumb")
+    assert not use_color(None, False)
