@@ -34,6 +34,7 @@ class Case:
     backend: str | None = None  # a real backend the case needs (skipped where it is missing)
     stdin: bytes = b""
     subprocess: bool = False  # bytes in argv or stdin, or signals: a real process
+    env: tuple[tuple[str, str], ...] = ()  # extra environment (a real process)
 
 
 def broken_models(root: Path) -> dict[str, str]:
@@ -151,6 +152,9 @@ CASES = [
     Case("advise-context-huge", ("advise", *PAIR, "--context", "100000"), "context 100000"),
     Case("draft-context-below-prompt", ("run", *PAIR, "--draft-opt", "n_ctx=4", "hello world"),
          "the draft's context window is 4"),
+    Case("hub-offline-not-cached", ("run", "--target", "torch", "--target-model", "nosuchorg/nosuch", "hi"),
+         "not in the local hub cache and hf_hub_offline is set", backend="torch", subprocess=True,
+         env=(("HF_HUB_OFFLINE", "1"),)),
     # 3. text input
     Case("stdin-invalid-utf8", ("run", *SYN), "stdin is not utf-8 text (byte 2)", stdin=b"ab\xffcd",
          subprocess=True),
@@ -215,6 +219,7 @@ def run_case(case: Case, files: dict[str, str], cwd: Path) -> tuple[int, str, st
     if case.subprocess:
         env = {k: v for k, v in os.environ.items() if k != "SPECMAC_DEBUG"}
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env.update(case.env)
         argv = [os.fsencode(a) if "\udcff" not in a else a.encode("utf-8", "surrogateescape") for a in args]
         r = subprocess.run([os.fsencode(sys.executable), b"-m", b"specmac", *argv], input=case.stdin,
                            capture_output=True, env=env, cwd=cwd, timeout=300)
@@ -435,3 +440,25 @@ def test_term_dumb_means_no_colour(monkeypatch):
     assert use_color(None, False)
     monkeypatch.setenv("TERM", "dumb")
     assert not use_color(None, False)
+
+
+# --- 7. the hub, offline ----------------------------------------------------------------------
+
+def test_unreachable_hub_fails_fast(monkeypatch):
+    import socket
+    import time
+
+    from specmac.backends import hf
+    from specmac.errors import ModelNotFound
+
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def refuse(*_a, **_kw):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    t0 = time.monotonic()
+    with pytest.raises(ModelNotFound, match="cannot reach huggingface.co to download nosuchorg/nosuchmodel"):
+        hf.resolve_model("nosuchorg/nosuchmodel", "target")
+    assert time.monotonic() - t0 < 5

@@ -20,7 +20,7 @@ import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, cache, convert
-from specmac.backends.hf_check import check_folder
+from specmac.backends.hf_check import check_folder, check_hub
 from specmac.errors import BadOption, BadTokens, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
 
@@ -128,6 +128,7 @@ def hub_file(spec: str) -> str:
     except ImportError:
         raise ModelNotFound(f"downloading {spec} needs huggingface_hub: pip install huggingface_hub "
                             "(or pass a local .gguf path)") from None
+    check_hub(repo_id, filename)  # cached, or reachable within seconds
     try:
         return hf_hub_download(repo_id, filename)
     except Exception as e:  # network, auth and missing-file errors all mean "cannot get it"

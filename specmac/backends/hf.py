@@ -11,7 +11,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from specmac.backends.hf_check import check_folder, read_json
+from specmac.backends.hf_check import check_folder, check_hub, read_json
 from specmac.errors import ModelNotFound
 from specmac.vocab import Vocab
 
@@ -57,7 +57,8 @@ def _resolve_folder(model: str | None, role: str) -> str:
         raise ModelNotFound(f"{model} is neither a model folder nor a GGUF file: point at a Hugging Face "
                             "folder or a .gguf file")
     if HUB_ID.match(model) and not model.startswith((".", "~")):
-        return model  # a hub id; downloaded by the library, may fail offline with its own message
+        check_hub(model)  # cached, or reachable within seconds
+        return model  # a hub id; downloaded by the library
     raise ModelNotFound(f"model {model} not found: give an existing folder or a hub id like org/name")
 
 

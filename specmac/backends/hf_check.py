@@ -79,3 +79,32 @@ def check_safetensors(path: Path) -> None:
     if need > size:
         raise ModelNotFound(f"{path} is truncated: {size} bytes where its header describes {need}; "
                             "download it again")
+
+
+HUB_TIMEOUT_S = 3.0
+
+
+def check_hub(repo_id: str, filename: str = "config.json") -> None:
+    """Before a hub download: a file already in the local cache loads offline; otherwise the hub
+    must answer within seconds, or one ModelNotFound line says so (instead of a minute of retries)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return  # the library that downloads reports its own requirement
+    cached = try_to_load_from_cache(repo_id, filename)
+    if isinstance(cached, str):
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ModelNotFound(f"{repo_id} is not in the local hub cache and HF_HUB_OFFLINE is set: give a "
+                            "local folder or .gguf file")
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", url.port or 443),
+                                 timeout=HUB_TIMEOUT_S).close()
+    except OSError:
+        raise ModelNotFound(f"cannot reach {url.hostname} to download {repo_id} (no network?) and it is "
+                            "not in the local cache: give a local folder or .gguf file") from None
