@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from specmac.advise_rank import Costs, alpha_needed, gguf_type, variants
+from specmac.advise_rank import Costs, alpha_needed
+from specmac.advise_variants import gguf_type, variants
 from specmac.cli import main
 from tests.conftest import skip_unless_installed
 
