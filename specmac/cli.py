@@ -403,7 +403,7 @@ def backends(as_json):
 
 def _register_extra_commands() -> None:
     """Commands in their own modules (probes, compare) attach themselves to ``main``."""
-    for module in ("specmac.cli_probes", "specmac.cli_compare"):
+    for module in ("specmac.cli_probes", "specmac.cli_compare", "specmac.cli_models"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as e:
