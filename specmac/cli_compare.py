@@ -110,7 +110,8 @@ def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt
     n_spec = len(settings.pairs) * len(settings.ks)
     click.echo(f"{len(settings.pairs)} pairings x {len(settings.ks)} K + {len(settings.configs()) - n_spec} "
                f"baselines, {len(settings.prompts)} prompts x {repeats} repeats", err=True)
-    record = _run_with_progress(cmp, settings, command)
+    # results.json holds the rounds measured so far ("complete": false) until the run ends
+    record = _run_with_progress(cmp, settings, command, lambda rec: write_json(out / "results.json", rec))
     write_json(out / "results.json", record)
     written = report.render(record, out)
     if as_json:
@@ -122,7 +123,7 @@ def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt
         sys.exit(130)
 
 
-def _run_with_progress(cmp, settings, command: str) -> dict:
+def _run_with_progress(cmp, settings, command: str, checkpoint) -> dict:
     """run_compare with a rich progress bar (with an ETA) on stderr when it is a terminal, else
     plain lines: each phase, and as many progress lines as there are configurations."""
     from rich.console import Console
@@ -138,7 +139,8 @@ def _run_with_progress(cmp, settings, command: str) -> dict:
     console = Console(stderr=True)
     if not console.is_terminal:
         lines = PlainProgress(settings.n_runs(), len(settings.configs()))
-        return cmp.run_compare(settings, command=command, progress=lines.tick, status=lines.status)
+        return cmp.run_compare(settings, command=command, progress=lines.tick, status=lines.status,
+                               checkpoint=checkpoint)
     columns = (TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
@@ -148,7 +150,8 @@ def _run_with_progress(cmp, settings, command: str) -> dict:
             bar.update(task, advance=1, description=desc[:36])
 
         return cmp.run_compare(settings, command=command, progress=tick,
-                               status=lambda desc: bar.update(task, description=desc[:36]))
+                               status=lambda desc: bar.update(task, description=desc[:36]),
+                               checkpoint=checkpoint)
 
 
 class PlainProgress:

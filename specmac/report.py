@@ -108,6 +108,8 @@ def summary_markdown(record: dict) -> str:
     lines = ["# specmac compare", "", headline(record), ""]
     if record.get("interrupted"):
         lines += ["> Interrupted: only the complete rounds measured before Ctrl-C are included.", ""]
+    elif record.get("complete") is False:
+        lines += ["> Incomplete: the run stopped (killed or failed) after the rounds included here.", ""]
     lines += ["## Best K per pairing", "",
               "| pairing | best K | tokens/s | speedup | acceptance | predicted best K | predicted speedup |",
               "|---|---:|---:|---:|---:|---:|---:|"]

@@ -330,3 +330,14 @@ def test_compare_embedded_pair(tmp_path):
         if r["draft"] != cmp.BASELINE:
             assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["tokens_per_target_pass"] <= r["k"] + 1
     assert re.search(r"\*\*(Run|No pairing)", (out / "summary.md").read_text())
+
+
+def test_results_are_saved_as_the_measurement_goes(tmp_path):
+    """After every round the record so far is handed on, marked incomplete; the last is complete."""
+    saved = []
+    record = cmp.run_compare(syn_settings(), command="test", checkpoint=saved.append)
+    assert len(saved) == 2 * 2  # repeats x prompts: one save per round
+    assert all(r["complete"] is False for r in saved) and record["complete"] is True
+    assert [len(r["runs"]) for r in saved] == sorted(len(r["runs"]) for r in saved)
+    assert len(saved[-1]["runs"]) == len(record["runs"])
+    assert "Incomplete" in report.summary_markdown(saved[0])

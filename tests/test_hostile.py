@@ -127,6 +127,8 @@ MLX_MODEL_CASES = [("missing_tensor", "model.layers.0.input_layernorm.weight"),
                    ("empty_config", "not valid json"), ("no_tokenizer", "has no tokenizer")]
 
 CASES = [
+    Case("synthetic-with-a-model", ("run", *PAIR, "--target-model", "some/folder", "hi"),
+         "synthetic backend loads no model files"),
     # 1. numbers without bounds
     Case("k-huge", ("run", *PAIR, "--k", "100000000", "hi"),
          "--k 100000000 is out of range: use an integer 1..256"),

@@ -40,6 +40,9 @@ class SyntheticBackend(BaseBackend):
     }
 
     def __init__(self, model: str | None = None, *, role: str = "target", **opts) -> None:
+        if model is not None:  # its model is its options: a path here would be silently ignored
+            raise BadOption(f"{role}_model {model!r}: the synthetic backend loads no model files; set "
+                            "its model with options (seed, noise, vocab_size, ...)", param=f"{role}_model")
         o = {k: v.default for k, v in self.options.items()} | opts
         if o["noise"] is None:
             o["noise"] = 0.5 if role == "draft" else 0.0
@@ -49,7 +52,7 @@ class SyntheticBackend(BaseBackend):
         if o["n_ctx"] < 2:
             raise BadOption(f"option n_ctx={o['n_ctx']} is out of range: use >= 2")
         self.resolved = o
-        self.model_id = model or f"synthetic(seed={o['seed']}, noise={o['noise']})"
+        self.model_id = f"synthetic(seed={o['seed']}, noise={o['noise']})"
         self.chars = ALPHABET[: V - 1]
         self.eos_id = V - 1
         self.vocab = Vocab([c.encode() for c in self.chars] + [b""], eos_ids=frozenset({V - 1}),
