@@ -209,6 +209,8 @@ def main() -> None:
     ap.add_argument("--prompts", default=str(HERE / "data" / "anatomy_prompts.json"))
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--skip-advise", action="store_true")
+    ap.add_argument("--append", action="store_true",
+                    help="add to OUT/results.json: keep its advise rankings and measured cells")
     args = ap.parse_args()
     from specmac.compare import parse_ks
 
@@ -223,6 +225,16 @@ def main() -> None:
     models = [args.models_dir / QWEN_05B_GGUF, args.models_dir / QWEN_15B_GGUF]
     record["provenance"] = provenance(command, models)
     out = args.out
+    if args.append and (out / "results.json").is_file():
+        old = json.loads((out / "results.json").read_text())
+        record["measured"] = old.get("measured", [])
+        both = old.get("configs", []) + record["configs"]
+        record["configs"] = [list(c) for c in dict.fromkeys(map(tuple, both))]
+        if old.get("advise"):
+            record["advise"] = old["advise"]
+            args.skip_advise = True
+        record["provenance"]["earlier_commands"] = [old["provenance"]["command"],
+                                                    *old["provenance"].get("earlier_commands", [])]
     if not args.skip_advise:
         from specmac.backends.gguf import requantize
 
