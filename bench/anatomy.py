@@ -219,6 +219,8 @@ def main() -> None:
     ap.add_argument("--prompts", default=str(HERE / "data" / "anatomy_prompts.json"))
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--skip-advise", action="store_true")
+    ap.add_argument("--advise-only", action="store_true",
+                    help="redo advise's rankings at --temps in OUT/results.json (e.g. after a busy run)")
     ap.add_argument("--append", action="store_true",
                     help="add to OUT/results.json: keep its advise rankings and measured cells")
     args = ap.parse_args()
@@ -235,7 +237,13 @@ def main() -> None:
     models = [args.models_dir / QWEN_05B_GGUF, args.models_dir / QWEN_15B_GGUF]
     record["provenance"] = provenance(command, models)
     out = args.out
-    if args.append and (out / "results.json").is_file():
+    if args.advise_only:
+        record = json.loads((out / "results.json").read_text())
+        args.skip_advise = False
+        record["advise"] = [r for r in record.get("advise", [])
+                            if r["sampling"]["temperature"] not in {float(t) for t in args.temps.split(",")}]
+        record["provenance"].setdefault("earlier_commands", []).append(command)
+    elif args.append and (out / "results.json").is_file():
         old = json.loads((out / "results.json").read_text())
         record["measured"] = old.get("measured", [])
         both = old.get("configs", []) + record["configs"]
@@ -257,10 +265,11 @@ def main() -> None:
                 draft_backends=["gguf", "torch", "mlx"], k_max=8, run_tokens=32,
                 progress=lambda m: print(f"  {m}", file=sys.stderr)))
             write_json(out / "results.json", record)
-    for name in targets:
+    for name in [] if args.advise_only else targets:
         for temp in (float(t) for t in args.temps.split(",")):
             record["measured"].append(measure_target(name, configs, args, prompts, SamplingParams(temp)))
             write_json(out / "results.json", record)  # what was measured survives a later failure
+    record["advise"] = sorted(record.get("advise", []), key=lambda r: r["sampling"]["temperature"])
     record["complete"] = True
     write_json(out / "results.json", record)
     print(json.dumps({"wrote": str(out / "results.json")}))

@@ -136,11 +136,93 @@ def plots(record: dict, out: Path) -> list[str]:
     return names
 
 
+def headline(record: dict) -> list[str]:
+    """Per precision group and temperature: the fastest measured configuration and advise's first
+    choice (with what it measured), then auto against the best fixed K and plain decoding."""
+    plain = fastest_plain(record)
+    lines = ["| precision (target) | T | fastest measured | tokens/s | speedup | advise's first choice "
+             "| its measured tokens/s | first choice / fastest |",
+             "|---|---:|---|---:|---:|---|---:|---:|"]
+    autos = ["| draft \u2192 target | T | auto tokens/s | best fixed K (tokens/s) | plain tokens/s | "
+             "auto / best of fixed K and plain | K auto chose (median, share without drafts) |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for m in record["measured"]:
+        temp, t = m["temperature"], m["target"]
+        rows = [r for r in m["results"] if r["tokens_per_second"]]
+        top = max(rows, key=lambda r: med(r["tokens_per_second"]))
+        rank = next((r for r in record.get("advise", []) if r["sampling"]["temperature"] == temp), None)
+        tb, tp = ADVISE_LABELS[t]
+        first = next((e for e in (rank or {}).get("ranking", [])
+                      if (e["target"], e["target_dtype"]) == (tb, tp)), None)
+        chosen = None
+        if first is not None:
+            for r in rows:
+                d = r["draft"]
+                same = (first["k"] == 0 and d == "none") or (
+                    first["k"] and r["k"] == first["k"] and d != "none"
+                    and (first["draft"] == "ngram" if d == "ngram" else
+                         ADVISE_LABELS.get(d) == (first["draft"], first["draft_dtype"])))
+                if same:
+                    chosen = r
+        name = _label(top)
+        first_name = ("\u2013" if first is None else f"plain {first['target_label']}" if not first["k"]
+                      else f"{first['draft_label']} \u2192 {first['target_label']}, K = {first['k']}")
+        ctps = med(chosen["tokens_per_second"]) if chosen else None
+        ttps = med(top["tokens_per_second"])
+        lines.append(f"| {TARGET_NAMES[t]} | {temp:g} | {name} | {ttps:.1f} | "
+                     f"{ttps / plain[(m['group'], temp)]:.2f}{TIMES} | {first_name} | "
+                     f"{fmt(ctps, '.1f')} | {fmt(ctps / ttps if ctps else None, '.2f')} |")
+        base = next(r for r in rows if r["draft"] == "none")
+        for d in dict.fromkeys(r["draft"] for r in rows if r["draft"] != "none"):
+            auto = next((r for r in rows if r["draft"] == d and r["k"] == "auto"), None)
+            fixed = [r for r in rows if r["draft"] == d and r["k"] != "auto"]
+            if auto is None or not fixed:
+                continue
+            bf = max(fixed, key=lambda r: med(r["tokens_per_second"]))
+            best = max(med(bf["tokens_per_second"]), med(base["tokens_per_second"]))
+            atps, btps = med(auto["tokens_per_second"]), med(bf["tokens_per_second"])
+            autos.append(f"| {DRAFT_NAMES.get(d, d)} \u2192 {TARGET_NAMES[t]} | {temp:g} | {atps:.1f} | "
+                         f"K = {bf['k']} ({btps:.1f}) | {med(base['tokens_per_second']):.1f} | "
+                         f"{atps / best:.2f} | {fmt(auto.get('k_chosen_median'), '.0f')}, "
+                         f"{fmt(auto.get('share_no_drafts'), '.0%')} |")
+    return lines + [""] + autos + [""]
+
+
+def prediction_accuracy(record: dict) -> tuple[list[float], list[str]]:
+    """measured / predicted tokens/s for every fixed-K and plain cell advise predicted."""
+    ratios, lines = [], []
+    for m in record["measured"]:
+        for r in m["results"]:
+            if r["k"] == "auto" or not r["tokens_per_second"]:
+                continue
+            draft = None if r["draft"] == "none" else r["draft"]
+            row = advise_row(record, m["temperature"], draft, m["target"])
+            pred = predicted(row, 0 if draft is None else r["k"])
+            if pred:
+                ratios.append(med(r["tokens_per_second"]) / pred)
+    return ratios, lines
+
+
+def _label(r: dict) -> str:
+    if r["draft"] == "none":
+        return "plain"
+    k = r["k"] if r["k"] != "auto" else "auto"
+    return f"{DRAFT_NAMES.get(r['draft'], r['draft'])}, K = {k}"
+
+
 def main(directory: str) -> None:
     out = Path(directory)
     record = json.loads((out / "results.json").read_text())
     plain = fastest_plain(record)
-    lines = []
+    lines = ["## Headline", ""] + headline(record)
+    ratios, _ = prediction_accuracy(record)
+    if ratios:
+        within = sum(0.85 <= x <= 1.15 for x in ratios) / len(ratios)
+        q = sorted(ratios)
+        lines += [f"advise's prediction vs measurement over {len(ratios)} cells (fixed K and plain): "
+                  f"measured / predicted median {q[len(q) // 2]:.2f}, range {q[0]:.2f}\u2013{q[-1]:.2f}; "
+                  f"within \u00b115%: {within:.0%}.", ""]
+    lines += ["## Every cell", ""]
     for m in record["measured"]:
         lines += target_table(record, m, plain)
     names = plots(record, out)
