@@ -130,7 +130,8 @@ def plots(record: dict, out: Path) -> list[str]:
         ax.set_xlabel("K")
         ax.set_ylabel("speedup over the fastest plain decoder of the precision")
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    handles = max((ax.get_legend_handles_labels() for ax in axes), key=lambda hl: len(hl[0]))
+    axes[-1].legend(*handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     save_figure(fig, out / "speedup_vs_k.png")
     names.append("speedup_vs_k.png")
     return names
