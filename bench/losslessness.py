@@ -48,6 +48,8 @@ def main() -> int:
     ap.add_argument("--greedy-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/losslessness")
+    ap.add_argument("--settings", default=",".join(SETTINGS),
+                    help="comma-separated subset of " + ", ".join(SETTINGS))
     args = ap.parse_args()
     pairs = pairings(args)
     if args.pairings:
@@ -56,6 +58,8 @@ def main() -> int:
     for name, spec in pairs.items():
         pair = Pair.load(**spec)
         for label, params in SETTINGS.items():
+            if label not in args.settings.split(","):
+                continue
             t0 = time.perf_counter()
             res = two_sample_check(pair, params=params, n_tokens=args.tokens, k=args.k, seed=args.seed,
                                    greedy_tokens=args.greedy_tokens)
