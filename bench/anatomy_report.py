@@ -192,9 +192,9 @@ def headline(record: dict) -> list[str]:
     return lines + [""] + autos + [""]
 
 
-def prediction_accuracy(record: dict) -> tuple[list[float], list[str]]:
+def prediction_accuracy(record: dict) -> list[float]:
     """measured / predicted tokens/s for every fixed-K and plain cell advise predicted."""
-    ratios, lines = [], []
+    ratios = []
     for m in record["measured"]:
         for r in m["results"]:
             if r["k"] == "auto" or not r["tokens_per_second"]:
@@ -204,7 +204,7 @@ def prediction_accuracy(record: dict) -> tuple[list[float], list[str]]:
             pred = predicted(row, 0 if draft is None else r["k"])
             if pred:
                 ratios.append(med(r["tokens_per_second"]) / pred)
-    return ratios, lines
+    return ratios
 
 
 def _label(r: dict) -> str:
@@ -219,7 +219,7 @@ def main(directory: str) -> None:
     record = json.loads((out / "results.json").read_text())
     plain = fastest_plain(record)
     lines = ["## Headline", ""] + headline(record)
-    ratios, _ = prediction_accuracy(record)
+    ratios = prediction_accuracy(record)
     if ratios:
         within = sum(0.85 <= x <= 1.15 for x in ratios) / len(ratios)
         q = sorted(ratios)

@@ -103,7 +103,7 @@ def probe_draft(v: Variant, backend: BaseBackend | None, params: SamplingParams,
     return Probe(v, [t_d], 0.0, _rows(backend, texts, starts, params, n_vocab))
 
 
-def acceptance(draft: Probe, target: Probe, texts, starts, params: SamplingParams) -> float:
+def acceptance(draft: Probe, target: Probe, params: SamplingParams) -> float:
     """Mean over the reference positions of the chance that one draft token is accepted."""
     got = []
     for i, (q, p) in enumerate(zip(draft.rows, target.rows)):
@@ -280,7 +280,7 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
         finally:
             backend = None
         for ti, t in enumerate(targets):
-            alphas[len(probed), ti] = acceptance(p, t, texts, starts, params)
+            alphas[len(probed), ti] = acceptance(p, t, params)
         p.rows = []  # the acceptances are all this draft's logits were for
         probed.append(p)
     width = vocab.n_logits or vocab.size
