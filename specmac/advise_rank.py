@@ -13,6 +13,11 @@ What is measured once and shared by every configuration that can share it:
   rule. Acceptance depends on the two distributions, not on how fast a backend computes them, so no
   speculative run is needed.
 
+Predictions follow the chains of the reference text rather than one acceptance rate: a step that
+starts at a position drafts K tokens (an n-gram lookup: as many as it finds, at most K) and keeps
+them while they are accepted, position after position, so runs of easy tokens (acceptance is
+correlated along a text) and short lookups are predicted as the loop meets them (``Chains``).
+
 Each target variant's configurations form a *precision group* with the other backends that run the
 same weights in the same precision (one output distribution); speedups are against the fastest
 plain decoder of that group, so a 3x speedup over a slow decoder is not mistaken for a fast one.
@@ -92,30 +97,74 @@ def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingP
 
 
 def probe_draft(v: Variant, backend: BaseBackend | None, params: SamplingParams, texts, starts,
-                n_vocab: int) -> Probe:
+                n_vocab: int, k_max: int) -> Probe:
     if backend is None:  # n-gram lookup: what it would copy at each position of the reference
         t0 = time.perf_counter()
-        rows = [np.array([(lookup(ids[:i], 1) or [-1])[0] for i in range(start, len(ids))])
-                for ids, start in zip(texts, starts)]
+        rows = [[lookup(ids[:i], k_max) for i in range(start, len(ids))] for ids, start in zip(texts, starts)]
         t = (time.perf_counter() - t0) / max(sum(len(r) for r in rows), 1)
         return Probe(v, [t], 0.0, rows)
     t_d = time_single(backend, context=min(16, backend.n_ctx - 1), repeats=5, warmup=1)["median_ms"] / 1e3
     return Probe(v, [t_d], 0.0, _rows(backend, texts, starts, params, n_vocab))
 
 
-def acceptance(draft: Probe, target: Probe, params: SamplingParams) -> float:
-    """Mean over the reference positions of the chance that one draft token is accepted."""
-    got = []
-    for i, (q, p) in enumerate(zip(draft.rows, target.rows)):
-        if draft.variant.backend == "ngram":  # one-hot q: accepted with probability p(d)
-            toks = draft.rows[i]
-            got += [float(t == pp) if params.greedy else (float(pp[t]) if t >= 0 else 0.0)
-                    for t, pp in zip(toks, p)]
-        elif params.greedy:
-            got += list((q == p).astype(float))
-        else:
-            got += list(np.minimum(p, q).sum(axis=-1))
-    return float(np.mean(got)) if got else 0.0
+def chances(draft: Probe, target: Probe, params: SamplingParams) -> list[list[list[float]]]:
+    """Per text and reference position, the chances that the drafts a step starting there makes
+    are each accepted, given the ones before were: a model draft's first, then (teacher forcing:
+    an accepted draft is the reference token, or distributed as it) the next position's first; an
+    n-gram lookup's proposals one by one (greedy: is it the target's argmax; sampled: p(token))."""
+    out = []
+    for q, p in zip(draft.rows, target.rows):
+        if draft.variant.backend == "ngram":
+            out.append([[float(t == p[i + j]) if params.greedy else float(p[i + j][t])
+                         for j, t in enumerate(prop[: len(p) - i])] for i, prop in enumerate(q)])
+            continue
+        a = (q == p).astype(float) if params.greedy else np.minimum(p, q).sum(axis=-1)
+        out.append([list(a[i:]) for i in range(len(a))])
+    return out
+
+
+@dataclass
+class Chains:
+    """What steps starting at the reference positions make, per K = 1..k_max, averaged over the
+    positions: tokens kept (accepted drafts + the target's own), draft passes (a model draft: K,
+    plus the catch-up pass after a step that kept all K), and the share of steps whose target
+    pass is n tokens wide (``width[k - 1][n - 1]``; a model draft: always K + 1)."""
+
+    alpha: float  # mean chance that a step's first draft is accepted (0 where an n-gram finds none)
+    tokens: list[float]
+    passes: list[float]
+    width: list[list[float]]
+
+    @classmethod
+    def of(cls, chances: list[list[list[float]]], k_max: int, model: bool) -> Chains:
+        # positions too near a text's end to see k_max drafts would cut their chains short: only
+        # the others count, unless there are none
+        rows = [c for text in chances for c in text if len(c) >= k_max or not model] or \
+            [c for text in chances for c in text]
+        if not rows:
+            raise SpecmacError("no reference position to measure acceptance on: give longer prompts")
+        tokens, passes, width = [], [], []
+        alpha = float(np.mean([c[0] if c else 0.0 for c in rows]))
+        for k in range(1, k_max + 1):
+            kept = drafted = full = 0.0
+            w = np.zeros(k_max + 1)
+            for c in rows:
+                run = np.cumprod(c[:k]) if c else np.zeros(0)  # P(first j drafts all accepted)
+                kept += float(run.sum())
+                d = k if model else len(run)
+                drafted += d
+                full += float(run[-1]) if model and len(run) == k else 0.0
+                w[d] += 1
+            n = len(rows)
+            tokens.append(1.0 + kept / n)
+            passes.append((drafted + full) / n if model else 0.0)
+            width.append(list(w / n))
+        return cls(alpha, tokens, passes, width)
+
+
+def acceptance(draft: Probe, target: Probe, params: SamplingParams, k_max: int) -> Chains:
+    """The chains of the reference text for this draft in front of this target."""
+    return Chains.of(chances(draft, target, params), k_max, draft.variant.backend != "ngram")
 
 
 # --- predicting and ranking ---------------------------------------------------------------------
@@ -127,15 +176,19 @@ class Costs:
     step: list[float]  # step[n - 1], n = 1..k_max + 1
     t_draft: float
 
-    def tps(self, alpha: float, k: int) -> float:
-        """Predicted tokens/s at K = k (k = 0: plain decoding)."""
+    def tps(self, alpha: float | Chains, k: int) -> float:
+        """Predicted tokens/s at K = k (k = 0: plain decoding): from the reference text's chains,
+        or (a float) from one acceptance rate, the same at every position."""
         if k == 0:
             return 1.0 / self.step[0]
+        if isinstance(alpha, Chains):
+            verify = sum(share * self.step[n] for n, share in enumerate(alpha.width[k - 1]) if share)
+            return alpha.tokens[k - 1] / (alpha.passes[k - 1] * self.t_draft + verify)
         drafting = draft_passes(alpha, k, catch_up=True) * self.t_draft
         return expected_tokens(alpha, k) / (drafting + self.step[k])
 
 
-def best(costs: Costs, alpha: float, k_max: int) -> tuple[int, float]:
+def best(costs: Costs, alpha: float | Chains, k_max: int) -> tuple[int, float]:
     return max(((k, costs.tps(alpha, k)) for k in range(1, k_max + 1)), key=lambda x: x[1])
 
 
@@ -161,7 +214,7 @@ def why(costs: Costs, alpha: float, beta: float, k_max: int) -> str:
     return "; ".join(reasons) or f"draft too slow: c = {costs.t_draft / costs.step[0]:.2f}"
 
 
-def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, int], float], k_max: int,
+def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, int], Chains], k_max: int,
             w_row: float, w_draft: float) -> list[dict]:
     """Every configuration at its best K, ranked by predicted tokens/s within precision groups,
     groups in the order of their best configuration."""
@@ -175,12 +228,13 @@ def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, i
         for di, d in enumerate(drafts):
             if (di, ti) not in alphas:
                 continue
-            alpha = alphas[di, ti]
+            chains = alphas[di, ti]
             costs = Costs(step, d.t_pass[0] + (w_draft if d.variant.backend != "ngram" else 0.0))
-            k, tps = best(costs, alpha, k_max)
-            reason = why(costs, alpha, beta, k_max) if tps <= base.tps(0.0, 0) else None
-            entries.append(_entry(d, t, k, tps, alpha, beta, costs.t_draft / step[0], reason))
-            entries[-1]["by_k"] = [costs.tps(alpha, j) for j in range(1, k_max + 1)]  # K = 1..k_max
+            k, tps = best(costs, chains, k_max)
+            reason = why(costs, chains.alpha, beta, k_max) if tps <= base.tps(0.0, 0) else None
+            entries.append(_entry(d, t, k, tps, chains.alpha, beta, costs.t_draft / step[0], reason))
+            entries[-1]["by_k"] = [costs.tps(chains, j) for j in range(1, k_max + 1)]  # K = 1..k_max
+            entries[-1]["tokens_per_pass"] = chains.tokens[k - 1]
     groups: dict[str, list[dict]] = {}
     for e in entries:
         groups.setdefault(e["group"], []).append(e)
@@ -273,14 +327,14 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
                                                                      role="draft")
             if backend is not None:
                 check_compatible(backend.vocab, vocab)
-            p = probe_draft(v, backend, params, texts, starts, vocab.size)
+            p = probe_draft(v, backend, params, texts, starts, vocab.size, k_max)
         except SpecmacError as e:
             skipped.append({**v.to_dict(), "role": "draft", "reason": str(e)})
             continue
         finally:
             backend = None
         for ti, t in enumerate(targets):
-            alphas[len(probed), ti] = acceptance(p, t, params)
+            alphas[len(probed), ti] = acceptance(p, t, params, k_max)
         p.rows = []  # the acceptances are all this draft's logits were for
         probed.append(p)
     width = vocab.n_logits or vocab.size
@@ -294,7 +348,7 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
         "drafts": [{**d.variant.to_dict(), "t_pass_ms": 1e3 * d.t_pass[0]} for d in probed],
         "acceptance": [{"draft": probed[di].variant.label, "draft_source": probed[di].variant.source,
                         "target": targets[ti].variant.label, "target_source": targets[ti].variant.source,
-                        "alpha": a} for (di, ti), a in alphas.items()],
+                        "alpha": a.alpha, "tokens_per_pass": a.tokens} for (di, ti), a in alphas.items()],
         "skipped": skipped,
         "reference": {"prompts": len(texts), "tokens": sum(len(t) - s for t, s in zip(texts, starts)),
                       "written_by": targets[0].variant.label},

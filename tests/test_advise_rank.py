@@ -88,3 +88,28 @@ def test_the_embedded_pair_ranks_with_no_model_flags():
     assert len(r["acceptance"]) == len(r["drafts"]) * len(r["targets"])
     assert all(0 <= a["alpha"] <= 1 for a in r["acceptance"])
     assert np.isfinite([e["predicted_tokens_per_second"] for e in r["ranking"]]).all()
+
+
+def test_chains_follow_the_reference_text():
+    """Steps are predicted along the reference text: a run of easy tokens is kept whole (acceptance
+    is correlated), an n-gram lookup drafts only what it finds, and a model draft that keeps all K
+    pays one catch-up pass."""
+    from specmac.advise_rank import Chains
+
+    model = Chains.of([[[1, 1, 1], [0, 1, 1], [1, 0, 1]]], k_max=2, model=True)
+    assert model.alpha == pytest.approx(2 / 3)
+    assert model.tokens == pytest.approx([1 + 2 / 3, 1 + 3 / 3])  # K = 2: runs of 2, 0 and 1
+    assert model.passes == pytest.approx([(3 + 2) / 3, (6 + 1) / 3])  # K + P(all K kept)
+    assert model.width[1] == pytest.approx([0, 0, 1])  # always K + 1 wide
+    iid = Costs(step=[1.0, 1.5, 2.0], t_draft=0.1)
+    assert iid.tps(model, 2) == pytest.approx(2.0 / (7 / 3 * 0.1 + 2.0))
+    # the same mean acceptance, uncorrelated, keeps fewer tokens at K = 2 than a run of easy ones
+    runs = Chains.of([[[1, 1, 1], [1, 1, 1], [0, 0, 0]]], k_max=2, model=True)
+    assert runs.alpha == pytest.approx(2 / 3) and runs.tokens[1] > 1 + 2 / 3 + (2 / 3) ** 2
+
+    ngram = Chains.of([[[], [1], [1, 0]]], k_max=2, model=False)
+    assert ngram.tokens == pytest.approx([1 + 2 / 3, 1 + 2 / 3])
+    assert ngram.passes == [0.0, 0.0]  # a lookup costs no pass
+    assert ngram.width[0] == pytest.approx([1 / 3, 2 / 3, 0])  # no lookup: a plain, 1-token step
+    assert ngram.width[1] == pytest.approx([1 / 3, 1 / 3, 1 / 3])
+    assert iid.tps(ngram, 2) == pytest.approx((1 + 2 / 3) / ((1.0 + 1.5 + 2.0) / 3))
