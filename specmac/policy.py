@@ -44,7 +44,9 @@ class AdaptiveK:
     fully accepted step), the time of a target step over n_drafted + 1 tokens, pass plus the
     loop's overhead (a least-squares line T_t(n) = a + b (n - 1) through every step seen), and
     acceptance as a Beta(accepted, rejections) posterior over the geometric acceptance rate
-    (Jeffreys prior Beta(1/2, 1/2); counts exponentially forgotten so a change of text is
+    (prior Beta(2, 2): four pseudo-drafts at 1/2, so that one unlucky first step cannot switch
+    drafting off for a whole short run, as the Jeffreys prior Beta(1/2, 1/2) did on prose with a
+    torch draft in results/anatomy; counts exponentially forgotten so a change of text is
     followed). E(K) is the posterior expectation sum_j E[alpha^j] (``posterior_moments``), not
     E(K) at the point estimate: the run length it predicts has the heavier tail of a
     beta-geometric, so after a long run of acceptances one rejection does not pull a wide K down
@@ -65,7 +67,7 @@ class AdaptiveK:
     label = "auto"
 
     def __init__(self, k_max: int = K_MAX, k_init: int = 4, warmup: Sequence[int] = (2, 6, K_MAX),
-                 decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 1.0,
+                 decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 4.0,
                  explore_every: int = 16, k_min: int = 0, off_z: float = 1.64,
                  budget: float = 0.03) -> None:
         self.k_max = int(min(max(k_max, 1), K_MAX))
@@ -124,9 +126,12 @@ class AdaptiveK:
         return self.draft_time / self.draft_tokens if self.draft_tokens else 0.0
 
     def t_draft_fixed(self) -> float:
-        """Calibrated only: the draft's cost per step beyond its passes (catching up on the
-        accepted tokens, sampling); paid once per step whatever K, so it favours larger K."""
-        return self.draft_fixed_sum / self.draft_fixed_n if self.draft_fixed_n else 0.0
+        """Calibrated only: the draft's cost per step beyond its passes (the catch-up pass after a
+        fully accepted step is one of them; sampling, bookkeeping); paid once per step whatever K,
+        so it favours larger K. The mean of the steps' excesses, clipped at 0 only as a whole: a
+        step faster than the calibration is evidence too, and clipping each step would turn
+        timing noise into a cost."""
+        return max(self.draft_fixed_sum / self.draft_fixed_n, 0.0) if self.draft_fixed_n else 0.0
 
     def _line(self) -> tuple[float, float]:
         """(T1, slope) of the least-squares line through the steps seen (seconds)."""
@@ -222,8 +227,8 @@ class AdaptiveK:
         if self.steps > 1 and d > 0 and self._drafted:
             self.draft_time += event.t_draft
             self.draft_tokens += d + self._caught_up  # passes, the catch-up pass included
-            if self.prior is not None:
-                self.draft_fixed_sum += max(event.t_draft - d * self.prior_draft, 0.0)
+            if self.prior is not None:  # _speedups counts the passes, the catch-up one included
+                self.draft_fixed_sum += event.t_draft - (d + self._caught_up) * self.prior_draft
                 self.draft_fixed_n += 1
         self._caught_up = 0 < d == a
         self._drafted = d > 0
