@@ -194,7 +194,12 @@ def headline(record: dict) -> list[str]:
 
 def prediction_accuracy(record: dict) -> list[float]:
     """measured / predicted tokens/s for every fixed-K and plain cell advise predicted."""
-    ratios = []
+    return [x for xs in accuracy_by_configuration(record).values() for x in xs]
+
+
+def accuracy_by_configuration(record: dict) -> dict[tuple[str, str, float], list[float]]:
+    """(draft, target, T) -> measured / predicted tokens/s of its fixed-K (or plain) cells."""
+    ratios: dict[tuple[str, str, float], list[float]] = {}
     for m in record["measured"]:
         for r in m["results"]:
             if r["k"] == "auto" or not r["tokens_per_second"]:
@@ -203,8 +208,20 @@ def prediction_accuracy(record: dict) -> list[float]:
             row = advise_row(record, m["temperature"], draft, m["target"])
             pred = predicted(row, 0 if draft is None else r["k"])
             if pred:
-                ratios.append(med(r["tokens_per_second"]) / pred)
+                key = (r["draft"], m["target"], m["temperature"])
+                ratios.setdefault(key, []).append(med(r["tokens_per_second"]) / pred)
     return ratios
+
+
+def accuracy_table(record: dict) -> list[str]:
+    lines = ["| draft \u2192 target | T | cells | measured / predicted, median (range) | within \u00b115% |",
+             "|---|---:|---:|---|---:|"]
+    for (d, t, temp), xs in accuracy_by_configuration(record).items():
+        q = sorted(xs)
+        name = "plain" if d == "none" else DRAFT_NAMES.get(d, d)
+        lines.append(f"| {name} \u2192 {TARGET_NAMES[t]} | {temp:g} | {len(q)} | {q[len(q) // 2]:.2f} "
+                     f"({q[0]:.2f}{DASH}{q[-1]:.2f}) | {sum(0.85 <= x <= 1.15 for x in q)}/{len(q)} |")
+    return lines + [""]
 
 
 def _label(r: dict) -> str:
@@ -225,7 +242,7 @@ def main(directory: str) -> None:
         q = sorted(ratios)
         lines += [f"advise's prediction vs measurement over {len(ratios)} cells (fixed K and plain): "
                   f"measured / predicted median {q[len(q) // 2]:.2f}, range {q[0]:.2f}\u2013{q[-1]:.2f}; "
-                  f"within \u00b115%: {within:.0%}.", ""]
+                  f"within \u00b115%: {within:.0%}.", ""] + accuracy_table(record)
     lines += ["## Every cell", ""]
     for m in record["measured"]:
         lines += target_table(record, m, plain)
