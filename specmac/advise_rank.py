@@ -52,8 +52,8 @@ class Probe:
     variant: Variant
     t_pass: list[float] = field(default_factory=list)  # seconds, T(n) for n = 1..; drafts: [T_d(1)]
     t_step: float = 0.0  # seconds the loop adds per step (targets)
-    rows: list[np.ndarray] = field(default_factory=list)  # per text: argmax ids or warped probs
-    error: str | None = None
+    rows: list = field(default_factory=list)  # per text: argmax ids, warped probs or n-gram lookups
+    seconds: float = 0.0  # what loading and probing this variant took (the reference text included)
 
 
 def _rows(backend: BaseBackend, texts: list[list[int]], starts: list[int], params: SamplingParams,
@@ -88,7 +88,7 @@ def reference_texts(target: BaseBackend, prompts: Sequence[str], params: Samplin
 
 def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingParams, texts, starts,
                  n_vocab: int) -> Probe:
-    t_pass, _ = pass_costs(backend, None, k_max)
+    t_pass, _ = pass_costs(backend, None, k_max, repeats=3)
     plain = Pair(backend, NoDraft())
     events = list(plain.stream(texts[0][: starts[0]], params=params, max_tokens=6, seed=0))[1:]
     per_step = [e.t_draft + e.t_verify + e.t_other for e in events] or [t_pass[0]]
@@ -306,6 +306,7 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
     targets, skipped, texts, starts, vocab = [], [], None, None, None
     for v in tv:
         say(f"target {v.label} ({v.source})")
+        t1 = time.perf_counter()
         try:
             backend = load_backend(v.backend, v.model, v.options, role="target")
             if vocab is None:
@@ -313,6 +314,7 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
                 texts, starts = reference_texts(backend, prompts, params, run_tokens, seed)
             check_compatible(backend.vocab, vocab)
             targets.append(probe_target(v, backend, k_max, params, texts, starts, vocab.size))
+            targets[-1].seconds = time.perf_counter() - t1
         except SpecmacError as e:
             skipped.append({**v.to_dict(), "role": "target", "reason": str(e)})
         finally:
@@ -322,12 +324,14 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
     probed, alphas = [], {}
     for v in dv:
         say(f"draft {v.label} ({v.source})")
+        t1 = time.perf_counter()
         try:
             backend = None if v.backend == "ngram" else load_backend(v.backend, v.model, v.options,
                                                                      role="draft")
             if backend is not None:
                 check_compatible(backend.vocab, vocab)
             p = probe_draft(v, backend, params, texts, starts, vocab.size, k_max)
+            p.seconds = time.perf_counter() - t1
         except SpecmacError as e:
             skipped.append({**v.to_dict(), "role": "draft", "reason": str(e)})
             continue
@@ -344,8 +348,9 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
     return {
         "ranking": rows,
         "targets": [{**t.variant.to_dict(), "t_pass_ms": [1e3 * x for x in t.t_pass],
-                     "loop_ms_per_step": 1e3 * t.t_step} for t in targets],
-        "drafts": [{**d.variant.to_dict(), "t_pass_ms": 1e3 * d.t_pass[0]} for d in probed],
+                     "loop_ms_per_step": 1e3 * t.t_step, "seconds": t.seconds} for t in targets],
+        "drafts": [{**d.variant.to_dict(), "t_pass_ms": 1e3 * d.t_pass[0], "seconds": d.seconds}
+                   for d in probed],
         "acceptance": [{"draft": probed[di].variant.label, "draft_source": probed[di].variant.source,
                         "target": targets[ti].variant.label, "target_source": targets[ti].variant.source,
                         "alpha": a.alpha, "tokens_per_pass": a.tokens} for (di, ti), a in alphas.items()],
