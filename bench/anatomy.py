@@ -182,7 +182,7 @@ def measure_target(name: str, configs: list, args, prompts: list[dict], params: 
     loaded = WithAuto({name: target}, drafts)
     by_ks: dict[tuple, list[str]] = {}  # drafts measured together share a K list (and a baseline)
     for d in drafts:
-        by_ks.setdefault(tuple(KS_OF.get((d, name), args.ks)), []).append(d)
+        by_ks.setdefault(tuple(args.ks_of.get((d, name), KS_OF.get((d, name), args.ks))), []).append(d)
     runs, rows = [], []
     for ks, names in by_ks.items():
         settings = Settings(pairs=[PairSpec(d, name) for d in names], ks=[*ks, AUTO], prompts=prompts,
@@ -219,6 +219,9 @@ def main() -> None:
     ap.add_argument("--prompts", default=str(HERE / "data" / "anatomy_prompts.json"))
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--skip-advise", action="store_true")
+    ap.add_argument("--config", action="append", default=[], metavar="DRAFT:TARGET=KS",
+                    help="measure only these configurations, each at these K (and auto; KS 'auto': "
+                    "auto and plain only), e.g. ngram:gguf-q4=1; repeatable")
     ap.add_argument("--advise-only", action="store_true",
                     help="redo advise's rankings at --temps in OUT/results.json (e.g. after a busy run)")
     ap.add_argument("--append", action="store_true",
@@ -227,9 +230,18 @@ def main() -> None:
     from specmac.compare import parse_ks
 
     args.ks = parse_ks(args.ks)
+    args.ks_of = {}
+    for spec in args.config:  # DRAFT:TARGET=KS, KS "auto" for K = auto and plain only
+        pair, _, ks = spec.partition("=")
+        d, _, t = pair.partition(":")
+        if (d, t) not in CONFIGS or not ks:
+            ap.error(f"--config {spec!r}: write DRAFT:TARGET=KS, a pair of {CONFIGS}, KS e.g. 1,4 or auto")
+        args.ks_of[d, t] = [] if ks == "auto" else parse_ks(ks)
     prompts = read_prompts(args.prompts)
     targets = [t for t in args.targets.split(",") if t]
-    configs = [c for c in CONFIGS if c[1] in targets and all(
+    if args.ks_of:  # only the configurations named, and their targets
+        targets = list(dict.fromkeys(t for _, t in args.ks_of))
+    configs = [c for c in CONFIGS if c[1] in targets and (not args.ks_of or c in args.ks_of) and all(
         not missing_requirements(b) for b in {TARGETS[c[1]][0], (DRAFTS[c[0]] or ("gguf",))[0]})]
     record: dict = {"configs": [list(c) for c in configs], "ks": args.ks, "max_tokens": args.max_tokens,
                     "repeats": args.repeats, "prompts": [p["id"] for p in prompts], "measured": []}
