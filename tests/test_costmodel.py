@@ -292,3 +292,28 @@ def test_policy_stops_drafting_when_nothing_pays_and_tries_again_later():
         policy.update(Event([0] * (k + 1), ["accepted"] * k + ["bonus"], k, k, k, 0.1 * k,
                             1.3 + 0.3 * k, 0.0))
     assert policy.next_k() >= 2
+
+
+def test_pass_costs_takes_the_median_of_sweeps(monkeypatch):
+    """advise times every width in 3 sweeps: one preempted pass does not make its width look slow
+    (with one sweep, as before k="auto"'s first token, it does)."""
+    from specmac import calibration
+
+    target = Pair.load("synthetic").target
+
+    def slow_at(i):  # timings in order: width 4 and 1 (warm-up), then sweeps of widths 1..4, then 1, 1
+        calls = []
+
+        def fake(backend, fn):
+            fn()
+            calls.append(1)
+            return 100.0 if len(calls) == i else 1.0
+
+        return fake
+
+    monkeypatch.setattr(calibration, "timed", slow_at(8))  # width 2 of the second sweep
+    assert calibration.pass_costs(target, None, 3, repeats=3)[0] == [1.0] * 4
+    monkeypatch.setattr(calibration, "timed", slow_at(4))  # width 2 of the only sweep
+    assert calibration.pass_costs(target, None, 3, repeats=1)[0] == [1.0, 100.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="repeats 0"):
+        calibration.pass_costs(target, None, 3, repeats=0)
