@@ -4,8 +4,10 @@ what the anatomy's speculative runs measured on the Q4_K_M target.
 
     python bench/acceptance_prompts.py [--models-dir DIR] [--out results/anatomy]
 
-Only acceptance is compared (no timing), so this may share the machine with other work. Writes
-OUT/acceptance_by_prompts.json (with provenance) and prints a table.
+It runs advise's whole measurement (``rank_configurations`` on the gguf variants) once per prompt
+set and temperature, timing probes included, but reads only the acceptance, which timing does not
+touch, so it may share the machine with other work. Writes OUT/acceptance_by_prompts.json (with
+provenance) and prints a table.
 """
 
 from __future__ import annotations

@@ -217,18 +217,23 @@ def accuracy_table(record: dict) -> list[str]:
     lines = ["| draft \u2192 target | T | cells | measured / predicted, median (range) | within \u00b115% |",
              "|---|---:|---:|---|---:|"]
     for (d, t, temp), xs in accuracy_by_configuration(record).items():
-        q = sorted(xs)
+        mid, lo, hi, within = spread(xs)
         name = "plain" if d == "none" else DRAFT_NAMES.get(d, d)
-        lines.append(f"| {name} \u2192 {TARGET_NAMES[t]} | {temp:g} | {len(q)} | {q[len(q) // 2]:.2f} "
-                     f"({q[0]:.2f}{DASH}{q[-1]:.2f}) | {sum(0.85 <= x <= 1.15 for x in q)}/{len(q)} |")
+        lines.append(f"| {name} \u2192 {TARGET_NAMES[t]} | {temp:g} | {len(xs)} | {mid:.2f} "
+                     f"({lo:.2f}{DASH}{hi:.2f}) | {within}/{len(xs)} |")
     return lines + [""]
+
+
+def spread(ratios: list[float]) -> tuple[float, float, float, int]:
+    """Median, min, max of measured / predicted, and how many are within 15%."""
+    q = sorted(ratios)
+    return q[len(q) // 2], q[0], q[-1], sum(0.85 <= x <= 1.15 for x in q)
 
 
 def _label(r: dict) -> str:
     if r["draft"] == "none":
         return "plain"
-    k = r["k"] if r["k"] != "auto" else "auto"
-    return f"{DRAFT_NAMES.get(r['draft'], r['draft'])}, K = {k}"
+    return f"{DRAFT_NAMES.get(r['draft'], r['draft'])}, K = {r['k']}"
 
 
 def main(directory: str) -> None:
@@ -238,11 +243,10 @@ def main(directory: str) -> None:
     lines = ["## Headline", ""] + headline(record)
     ratios = prediction_accuracy(record)
     if ratios:
-        within = sum(0.85 <= x <= 1.15 for x in ratios) / len(ratios)
-        q = sorted(ratios)
+        mid, lo, hi, within = spread(ratios)
         lines += [f"advise's prediction vs measurement over {len(ratios)} cells (fixed K and plain): "
-                  f"measured / predicted median {q[len(q) // 2]:.2f}, range {q[0]:.2f}\u2013{q[-1]:.2f}; "
-                  f"within \u00b115%: {within:.0%}.", ""] + accuracy_table(record)
+                  f"measured / predicted median {mid:.2f}, range {lo:.2f}{DASH}{hi:.2f}; "
+                  f"within \u00b115%: {within / len(ratios):.0%}.", ""] + accuracy_table(record)
     lines += ["## Every cell", ""]
     for m in record["measured"]:
         lines += target_table(record, m, plain)

@@ -81,14 +81,8 @@ def main() -> int:
 
 
 def previous(path: Path) -> list[dict]:
-    """The results already in path, each carrying its own provenance (an older file kept one
-    provenance for all its results: it moves into each)."""
-    if not path.exists():
-        return []
-    data = json.loads(path.read_text())
-    shared = data.get("provenance")
-    return [r if "provenance" in r or shared is None else r | {"provenance": shared}
-            for r in data.get("results", [])]
+    """The results already in path (each with its own provenance)."""
+    return json.loads(path.read_text())["results"] if path.exists() else []
 
 
 def readme(results: list[dict]) -> str:
