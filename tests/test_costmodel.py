@@ -317,3 +317,31 @@ def test_pass_costs_takes_the_median_of_sweeps(monkeypatch):
     assert calibration.pass_costs(target, None, 3, repeats=1)[0] == [1.0, 100.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="repeats 0"):
         calibration.pass_costs(target, None, 3, repeats=0)
+
+
+def test_one_rejected_first_step_does_not_switch_a_paying_draft_off():
+    """torch bf16 -> torch bf16 at T = 0 in results/anatomy: plain decoding 155 ms per token, a
+    verify pass 135 ms, a draft pass 54 ms. One fully rejected first step leaves the Beta(2, 2)
+    prior's estimate at 0.40: still drafting. The Jeffreys prior fell to 0.25 and stopped, as it did
+    for whole 32-token runs on prose there."""
+    def after_one_rejection(**kw) -> int:
+        policy = AdaptiveK(**kw)
+        policy.set_costs([0.155] + [0.135] * 16, 0.054)
+        assert policy.next_k() >= 1
+        policy.update(Event([0], ["corrected"], 2, 2, 0, 0.108, 0.135, 0.0))
+        return policy.next_k()
+
+    assert after_one_rejection() >= 1
+    assert after_one_rejection(prior_weight=1.0) == 0  # the old prior: the control
+
+
+def test_the_drafts_fixed_cost_counts_the_catch_up_pass_once():
+    """Steps whose draft time is exactly their passes (the catch-up pass after a fully accepted step
+    included) leave no fixed cost; noise around it averages out instead of adding up."""
+    policy = AdaptiveK()
+    policy.set_costs([1.0] * 17, 0.05)
+    for t_draft, accepted in [(0.1, 1), (0.1, 2), (0.15, 1), (0.09, 1), (0.11, 1)]:
+        # the third step follows a fully accepted one: two passes and the catch-up pass
+        policy.update(Event([0] * (accepted + 1), ["accepted"] * accepted + ["corrected"], 2, 2, accepted,
+                            t_draft, 1.0, 0.0))
+    assert policy.t_draft_fixed() == pytest.approx(0.0, abs=1e-12)
