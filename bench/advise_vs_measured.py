@@ -101,10 +101,10 @@ class AutoPair(Pair):
         super().__init__(pair.target, pair.drafter)
         self.histories: list[list[int]] = []  # one per generation, the warm-up first
 
-    def policy(self, k=4) -> KPolicy:
+    def policy(self, k=4, max_tokens=None) -> KPolicy:
         if isinstance(k, KPolicy):  # generate() hands its policy on to stream()
             return k
-        policy = super().policy("auto")
+        policy = super().policy("auto", max_tokens)
         assert isinstance(policy, AdaptiveK)
         self.histories.append(policy.history)
         return policy
@@ -257,7 +257,7 @@ def replay_section(lengths=(64, 128, 256)) -> str:
             n = min(n, trace["n_tokens"])
             fixed = {k: replay_greedy(trace["match"], k, n, t_pass, t1, t2) for k in range(0, 17)}
             best = max(fixed, key=fixed.get)
-            policy = AdaptiveK()
+            policy = AdaptiveK(horizon=n)
             policy.set_costs(t_pass, t1)
             auto = replay_greedy(trace["match"], policy, n, t_pass, t1, t2)
             cells.append(f"{best}, {auto / fixed[best]:.2f}")

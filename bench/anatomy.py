@@ -71,12 +71,12 @@ class AutoPair(Pair):
         self.costs: tuple = ()
         self.histories: list[list[int]] = []
 
-    def policy(self, k=4) -> KPolicy:
+    def policy(self, k=4, max_tokens=None) -> KPolicy:
         if isinstance(k, KPolicy):
             return k
         if not self.costs:
             self.costs = pass_costs(self.target, self.drafter.backend, 16)
-        policy = AdaptiveK()
+        policy = AdaptiveK(horizon=max_tokens)
         policy.set_costs(*self.costs)
         self.histories.append(policy.history)
         return policy
@@ -200,6 +200,8 @@ def measure_target(name: str, configs: list, args, prompts: list[dict], params: 
             r["k"] = "auto"
             r["k_chosen_median"] = statistics.median(ks) if ks else None
             r["share_no_drafts"] = ks.count(0) / len(ks) if ks else None
+            r["calibration_ms"] = {"target": [1e3 * t for t in auto.costs[0]], "draft": 1e3 * auto.costs[1]}
+            r["k_histories"] = auto.histories[1:]
     peer_rows = [] if args.skip_peers else peers(name, target, drafts, prompts, params, args.max_tokens,
                                                  args.ks, args.models_dir)
     return {"target": name, "group": group, "backend": backend, "options": opts,

@@ -13,10 +13,11 @@ What is measured once and shared by every configuration that can share it:
   rule. Acceptance depends on the two distributions, not on how fast a backend computes them, so no
   speculative run is needed.
 
-Predictions follow the chains of the reference text rather than one acceptance rate: a step that
-starts at a position drafts K tokens (an n-gram lookup: as many as it finds, at most K) and keeps
-them while they are accepted, position after position, so runs of easy tokens (acceptance is
-correlated along a text) and short lookups are predicted as the loop meets them (``Chains``).
+Predictions walk the reference text as the loop does rather than use one acceptance rate: each
+step drafts K tokens (an n-gram lookup: as many as it finds, at most K), keeps them while they are
+accepted, position after position, and the next step starts where it ended, so runs of easy tokens
+(acceptance is correlated along a text), short lookups and the end of a run are predicted as the
+loop meets them (``Chains``).
 
 Each target variant's configurations form a *precision group* with the other backends that run the
 same weights in the same precision (one output distribution); speedups are against the fastest
@@ -125,40 +126,59 @@ def chances(draft: Probe, target: Probe, params: SamplingParams) -> list[list[li
 
 @dataclass
 class Chains:
-    """What steps starting at the reference positions make, per K = 1..k_max, averaged over the
-    positions: tokens kept (accepted drafts + the target's own), draft passes (a model draft: K,
-    plus the catch-up pass after a step that kept all K), and the share of steps whose target
-    pass is n tokens wide (``width[k - 1][n - 1]``; a model draft: always K + 1)."""
+    """What the loop's steps make as it walks each reference text, per K = 1..k_max: tokens kept
+    per step (accepted drafts + the target's own), draft passes per step (a model draft: K, plus
+    the catch-up pass after a step that kept all K) and the share of steps whose target pass is n
+    tokens wide (``width[k - 1][n - 1]``; a model draft: K + 1).
 
-    alpha: float  # mean chance that a step's first draft is accepted (0 where an n-gram finds none)
+    The walk is the loop's: the first step starts at the text's first position, each next one
+    where the last one's kept tokens end, and no step drafts past the text's last token (the loop
+    caps K at the tokens left to write), so the prediction is for a run as long as the reference
+    text. A step that starts after a hard token is weighed as often as the loop makes one there:
+    averaging over every start position instead overpredicts wide K, since easy runs are crossed in
+    one step but counted at each of their positions. Sampled, a step's kept count is random: the
+    walk carries the chance of starting at each position (a reference text stands in for the text
+    after a correction)."""
+
+    alpha: float  # mean chance that a first draft is accepted, over every position (0: no lookup)
     tokens: list[float]
     passes: list[float]
     width: list[list[float]]
 
     @classmethod
     def of(cls, chances: list[list[list[float]]], k_max: int, model: bool) -> Chains:
-        # positions too near a text's end to see k_max drafts would cut their chains short: only
-        # the others count, unless there are none
-        rows = [c for text in chances for c in text if len(c) >= k_max or not model] or \
-            [c for text in chances for c in text]
-        if not rows:
+        """``chances[text][i]``: for a step starting at position i, the chance of each of its
+        drafts being accepted given the ones before were (a model draft: one per position to the
+        text's end; an n-gram lookup: one per token it found)."""
+        texts = [t for t in chances if t]
+        if not texts:
             raise SpecmacError("no reference position to measure acceptance on: give longer prompts")
+        alpha = float(np.mean([c[0] if c else 0.0 for t in texts for c in t]))
         tokens, passes, width = [], [], []
-        alpha = float(np.mean([c[0] if c else 0.0 for c in rows]))
         for k in range(1, k_max + 1):
-            kept = drafted = full = 0.0
+            steps = kept = drafted = full = 0.0
             w = np.zeros(k_max + 1)
-            for c in rows:
-                run = np.cumprod(c[:k]) if c else np.zeros(0)  # P(first j drafts all accepted)
-                kept += float(run.sum())
-                d = k if model else len(run)
-                drafted += d
-                full += float(run[-1]) if model and len(run) == k else 0.0
-                w[d] += 1
-            n = len(rows)
-            tokens.append(1.0 + kept / n)
-            passes.append((drafted + full) / n if model else 0.0)
-            width.append(list(w / n))
+            for text in texts:
+                n = len(text)
+                mass = np.zeros(n + 1)  # the chance that a step starts at each position
+                mass[0] = 1.0
+                for i in range(n):
+                    m = mass[i]
+                    if m == 0.0:
+                        continue
+                    c = np.asarray(text[i][: min(k, n - i - 1)], float)  # drafts: none past the end
+                    run = np.cumprod(c)  # P(the first j drafts all kept), j = 1..d
+                    d = min(k, n - i - 1) if model else len(c)
+                    steps += m
+                    kept += m * (1.0 + run.sum())
+                    drafted += m * d
+                    full += m * run[-1] if model and d == k else 0.0
+                    w[d] += m
+                    stop = np.concatenate([[1.0], run]) * np.concatenate([1.0 - c, [1.0]])  # P(j kept)
+                    mass[i + 1: i + 2 + len(c)] += m * stop
+            tokens.append(kept / steps)
+            passes.append((drafted + full) / steps if model else 0.0)
+            width.append(list(w / steps))
         return cls(alpha, tokens, passes, width)
 
 

@@ -65,15 +65,16 @@ class Pair:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         return self.target.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    def policy(self, k: int | str | KPolicy = 4) -> KPolicy:
+    def policy(self, k: int | str | KPolicy = 4, max_tokens: int | None = None) -> KPolicy:
         """The K policy that ``k`` names: an integer >= 1 (FixedK), "auto" (AdaptiveK started from
-        this pair's measured costs; see specmac.calibration) or a policy object, returned as is."""
+        this pair's measured costs, see specmac.calibration; ``max_tokens``, the run's length,
+        sizes its exploration budget from the first step) or a policy object, returned as is."""
         if isinstance(k, KPolicy):
             return k
         if check_k(k) == "auto":
             from specmac.calibration import adaptive_policy
 
-            return adaptive_policy(self.target, self.drafter.backend)
+            return adaptive_policy(self.target, self.drafter.backend, horizon=max_tokens)
         return FixedK(int(k))
 
     def stream(self, prompt: str | Sequence[int], *, params: SamplingParams | None = None,
@@ -82,13 +83,13 @@ class Pair:
         """k: drafts per step, "auto" (adaptive, from the cost model), or a policy object."""
         check_max_tokens(max_tokens)
         check_seed(seed)
-        policy = self.policy(k)
+        policy = self.policy(k, max_tokens)
         return speculative_steps(self.target, self.drafter, self.encode(prompt),
                                  params=params or SamplingParams(), max_tokens=max_tokens,
                                  rng=np.random.default_rng(seed), k=policy, rule=rule)
 
     def generate(self, prompt: str | Sequence[int], **kw) -> Generation:
-        policy = self.policy(kw.pop("k", 4))
+        policy = self.policy(kw.pop("k", 4), kw.get("max_tokens", 128))
         stats = RunStats(k=policy.k if isinstance(policy, FixedK) else getattr(policy, "label", "auto"))
         ids: list[int] = []
         for event in self.stream(prompt, k=policy, **kw):

@@ -312,7 +312,8 @@ def use_color(flag: bool | None, as_json: bool) -> bool:
 @sampling_options
 @click.option("--k", "k_text", default="4", show_default=True, metavar="K|auto",
               help="Draft tokens per step, or 'auto' (chosen every step by the cost model; "
-                   "0 drafts when no K is predicted to pay). 'auto' is not reproducible: K depends on "
+                   "0 drafts when no K is predicted to pay, trying to draft within 3% of the run's time). "
+                   "'auto' is not reproducible: K depends on "
                    "wall-clock timings, so the same --seed can give other text.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, metavar="N",
               help="Stop after N generated tokens (or at EOS, or at the context window).")
@@ -337,7 +338,7 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
     if baseline and kw["draft"] == "none":
         raise UserError("--baseline compares speculative with target-only decoding: add --draft BACKEND")
     pair = load_pair(kw)
-    policy = pair.policy(k)  # "auto" measures the pair's pass costs here, before the first token
+    policy = pair.policy(k, max_tokens)  # "auto" measures the pair's pass costs here, before the first token
     if chat:
         prompt = pair.target.apply_chat_template(prompt)
     code = cli_render.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],

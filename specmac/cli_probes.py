@@ -118,7 +118,8 @@ One pairing:
               help="A text to measure acceptance on; repeat for several (default: four of the "
                    "packaged prompts, code and prose).")
 @click.option("--run-tokens", type=int, default=48, show_default=True,
-              help="Tokens generated per prompt to measure acceptance.")
+              help="Tokens generated per prompt to measure acceptance (ranking: its predictions are for "
+              "runs this long, whose last step drafts only what is left to write).")
 @click.option("--context", type=int, default=128, show_default=True,
               help="One pairing: tokens prefilled before each timing.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="One pairing: timed repeats.")

@@ -61,7 +61,9 @@ class AdaptiveK:
     best is tried.
     When no K is predicted to beat target-only decoding it drafts nothing (K = 0, plain
     decoding), and tries drafting again only within an exploration budget (``budget``, a share
-    of the time decoded, see ``_best``); ``k_min=1`` always drafts.
+    of the time decoded, or, where the run's length is known (``horizon``, tokens), of what plain
+    decoding of the whole run takes, so that a short run can try from its first step; see
+    ``_best``); ``k_min=1`` always drafts.
     """
 
     label = "auto"
@@ -69,7 +71,7 @@ class AdaptiveK:
     def __init__(self, k_max: int = K_MAX, k_init: int = 4, warmup: Sequence[int] = (2, 6, K_MAX),
                  decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 4.0,
                  explore_every: int = 16, k_min: int = 0, off_z: float = 1.64,
-                 budget: float = 0.03) -> None:
+                 budget: float = 0.03, horizon: int | None = None) -> None:
         self.k_max = int(min(max(k_max, 1), K_MAX))
         if k_min not in (0, 1):
             raise ValueError(f"k_min {k_min!r} is out of range: use 0 (may stop drafting) or 1")
@@ -100,6 +102,7 @@ class AdaptiveK:
         self.calibration_s = 0.0  # what measuring the costs took (set by whoever measured them)
         # exploration budget: seconds decoded, and seconds drafting lost against plain decoding
         self.budget, self.elapsed, self.lost = float(budget), 0.0, 0.0
+        self.horizon = horizon  # tokens the run will write at most (max_tokens), if known
 
     def set_costs(self, t_target: Sequence[float], t_draft1: float) -> None:
         """Start from known costs (seconds): the target's pass T_t(n) for n = 1..len(t_target) and
@@ -190,8 +193,10 @@ class AdaptiveK:
         Where no K is expected to pay, drafting is a bet on a higher acceptance than the
         posterior's: it is tried (at the K that pays best at the optimistic acceptance) only when
         that K pays there and the step's worst case (every draft rejected) fits the exploration
-        budget: ``budget`` of the time decoded so far, less what drafting has lost against plain
-        decoding so far (gains count back). So trying never costs more than ``budget`` overall,
+        budget: ``budget`` of the time decoded so far (or, if more, of plain decoding's time for
+        the ``horizon`` tokens of the run), less what drafting has lost against plain decoding so
+        far (gains count back). So trying never costs more than ``budget`` overall (of the
+        run's planned time: a run that an EOS ends early can have spent more of its own),
         even where only a wide K could pay (on Qwen Q4_K_M, trying K = 15 on optimism ran at 0.65x
         of target-only). Otherwise 0, plain decoding; as the counts fade and time accrues, a try
         comes again, and a draft that cannot pay even when always accepted is never tried."""
@@ -203,7 +208,7 @@ class AdaptiveK:
         hope = self._speedups(True, curve)
         ks = np.arange(1, self.k_max + 1)
         worst = ks * self.t_draft1() + self.t_draft_fixed() + curve[ks + 1] - curve[1]  # 1 token kept
-        room = self.budget * self.elapsed - self.lost
+        room = self.budget * max(self.elapsed, (self.horizon or 0) * curve[1]) - self.lost
         ok = (hope >= 1.0) & (worst <= room)
         return int(ks[ok][np.argmax(hope[ok])]) if ok.any() else 0
 

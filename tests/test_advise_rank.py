@@ -90,26 +90,77 @@ def test_the_embedded_pair_ranks_with_no_model_flags():
     assert np.isfinite([e["predicted_tokens_per_second"] for e in r["ranking"]]).all()
 
 
-def test_chains_follow_the_reference_text():
-    """Steps are predicted along the reference text: a run of easy tokens is kept whole (acceptance
-    is correlated), an n-gram lookup drafts only what it finds, and a model draft that keeps all K
-    pays one catch-up pass."""
+def test_chains_walk_the_text_as_the_loop_does():
+    """Steps are predicted along the reference text as the loop walks it: a run of easy tokens is
+    crossed in one step (acceptance is correlated), the next step starts where the last one ended,
+    no step drafts past the text's end, an n-gram lookup drafts only what it finds, and a model
+    draft that keeps all K pays one catch-up pass."""
     from specmac.advise_rank import Chains
 
-    model = Chains.of([[[1, 1, 1], [0, 1, 1], [1, 0, 1]]], k_max=2, model=True)
-    assert model.alpha == pytest.approx(2 / 3)
-    assert model.tokens == pytest.approx([1 + 2 / 3, 1 + 3 / 3])  # K = 2: runs of 2, 0 and 1
-    assert model.passes == pytest.approx([(3 + 2) / 3, (6 + 1) / 3])  # K + P(all K kept)
-    assert model.width[1] == pytest.approx([0, 0, 1])  # always K + 1 wide
+    text = [[1, 1, 0, 1, 1], [1, 0, 1, 1], [0, 1, 1], [1, 1], [1]]  # chances to the text's end
+    model = Chains.of([text], k_max=2, model=True)
+    assert model.alpha == pytest.approx(4 / 5)
+    # K = 1: steps at 0 (keeps 1 + 1), 2 (rejected: 1), 3 (1 + 1), 5 = end; K = 2: steps at 0
+    # (2 kept + 1), 3 (only 1 draft is left to write: 1 + 1)
+    assert model.tokens == pytest.approx([5 / 3, 5 / 2])
+    assert model.passes == pytest.approx([(2 + 1 + 2) / 3, (3 + 1) / 2])  # K, + 1 after keeping all K
+    assert model.width[1] == pytest.approx([0, 1 / 2, 1 / 2])  # the last step is 2 wide, not 3
     iid = Costs(step=[1.0, 1.5, 2.0], t_draft=0.1)
-    assert iid.tps(model, 2) == pytest.approx(2.0 / (7 / 3 * 0.1 + 2.0))
-    # the same mean acceptance, uncorrelated, keeps fewer tokens at K = 2 than a run of easy ones
-    runs = Chains.of([[[1, 1, 1], [1, 1, 1], [0, 0, 0]]], k_max=2, model=True)
-    assert runs.alpha == pytest.approx(2 / 3) and runs.tokens[1] > 1 + 2 / 3 + (2 / 3) ** 2
+    assert iid.tps(model, 2) == pytest.approx(2.5 / (2 * 0.1 + (1.5 + 2.0) / 2))
+    # averaging over every start position instead would have kept (3 + 1 + 1 + 2 + 1) / 5 at K = 2
 
-    ngram = Chains.of([[[], [1], [1, 0]]], k_max=2, model=False)
-    assert ngram.tokens == pytest.approx([1 + 2 / 3, 1 + 2 / 3])
+    ngram = Chains.of([[[], [1], [1, 0], [], []]], k_max=2, model=False)
+    # K = 2: steps at 0 (no lookup: 1), 1 (1 + 1), 3 (none), 4 (none)
+    assert ngram.tokens[1] == pytest.approx(5 / 4)
     assert ngram.passes == [0.0, 0.0]  # a lookup costs no pass
-    assert ngram.width[0] == pytest.approx([1 / 3, 2 / 3, 0])  # no lookup: a plain, 1-token step
-    assert ngram.width[1] == pytest.approx([1 / 3, 1 / 3, 1 / 3])
-    assert iid.tps(ngram, 2) == pytest.approx((1 + 2 / 3) / ((1.0 + 1.5 + 2.0) / 3))
+    assert ngram.width[1] == pytest.approx([3 / 4, 1 / 4, 0])
+
+
+def test_sampled_chains_carry_the_chance_of_each_start():
+    """Sampled, the walk's steps start at random positions: its expected steps per text match a
+    simulation of the loop walking the same chances."""
+    from specmac.advise_rank import Chains
+
+    rng = np.random.default_rng(0)
+    n = 12
+    text = [list(rng.uniform(0.2, 0.95, n - i)) for i in range(n)]
+    got = Chains.of([text], k_max=4, model=True)
+    for k in (1, 3, 4):
+        steps = []
+        for _ in range(20_000):
+            i = s = 0
+            while i < n:
+                d = min(k, n - i - 1)
+                j = 0
+                while j < d and rng.random() < text[i][j]:
+                    j += 1
+                i, s = i + j + 1, s + 1
+            steps.append(s)
+        assert got.tokens[k - 1] == pytest.approx(n / np.mean(steps), rel=0.01)
+
+
+def test_greedy_chains_predict_the_loops_passes_exactly():
+    """At T = 0 the loop's steps are determined by the target's text: the chains of that text,
+    teacher-forced, predict exactly the tokens per target pass the loop then makes (averaging the
+    chains over every start position instead predicted 7.95 at K = 8 here; the loop makes 5.16)."""
+    from specmac.advise_rank import Probe, _rows, acceptance, reference_texts
+    from specmac.advise_variants import Variant
+    from specmac.api import Pair
+    from specmac.backends import load_backend
+    from specmac.drafters import ModelDrafter
+    from specmac.sampling import SamplingParams
+
+    target = load_backend("synthetic", None, {"eos_bias": -8}, role="target")
+    draft = load_backend("synthetic", None, {"noise": 0.7, "eos_bias": -8}, role="draft")
+    params, n = SamplingParams(temperature=0.0), 40
+    prompts = ["def f(x):", "the quick brown", "for i in", "import os"]
+    texts, starts = reference_texts(target, prompts, params, n, seed=0)
+    rows = {b: _rows(b, texts, starts, params, target.vocab.size) for b in (target, draft)}
+    chains = acceptance(Probe(Variant("draft", "synthetic", None), rows=rows[draft]),
+                        Probe(Variant("target", "synthetic", None), rows=rows[target]), params, 8)
+    assert 0.5 < chains.alpha < 1 and chains.tokens[7] < 6  # rejections, within runs of K = 8
+    pair = Pair(target, ModelDrafter(draft))
+    for k in range(1, 9):
+        runs = [pair.generate(prompt, params=params, max_tokens=n, k=k).stats for prompt in prompts]
+        measured = sum(r.n_tokens for r in runs) / sum(r.n_target_passes for r in runs)
+        assert chains.tokens[k - 1] == pytest.approx(measured, rel=1e-9), k
