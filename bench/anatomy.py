@@ -9,7 +9,8 @@ calibrates on). Per target every configuration is measured side by side by specm
 (interleaved rounds, each run paired with the target-only run of the same prompt and round), then
 the peers on that target in alternation with their own plain decoding: HF assisted generation
 (transformers ``assistant_model``) on torch targets, llama-cpp-python's prompt-lookup decoding on
-gguf targets. Beside every cell: advise's ranking (run first, on its own prompts) and its
+the Q4_K_M target, and llama.cpp's own speculative example on gguf targets where it was built
+(bench/llamacpp_peer.py). Beside every cell: advise's ranking (run first, on its own prompts) and its
 prediction. Writes results.json, README.md and PNG plots.
 """
 
@@ -22,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from llamacpp_peer import ENV, EXAMPLE, find_example, speculative_peer
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.advise_rank import rank_configurations
@@ -103,7 +105,7 @@ def load_draft(name: str, models: Path) -> Drafter:
 
 
 def peers(target_name: str, target, drafts: dict, prompts: list[dict], params: SamplingParams,
-          max_tokens: int, ks: list[int], models: Path) -> list[dict]:
+          max_tokens: int, ks: list[int], models: Path, llama_cpp_bin: str | None = None) -> list[dict]:
     """The libraries' own speculative decoding on this target, each beside its own plain decoding."""
     out = []
     if target.name == "torch":
@@ -112,6 +114,17 @@ def peers(target_name: str, target, drafts: dict, prompts: list[dict], params: S
                 out += _hf_assisted(target, d.backend, dname, prompts, params, max_tokens)
     if target.name == "gguf" and target_name == "gguf-q4":
         out += _prompt_lookup(models / QWEN_15B_GGUF, prompts, params, max_tokens, ks)
+    example = find_example(llama_cpp_bin)
+    if target.name == "gguf" and example is not None:
+        path = models / QWEN_15B_GGUF
+        if TARGETS[target_name][2].get("quant"):
+            from specmac.backends.gguf import requantize
+
+            path = requantize(path, TARGETS[target_name][2]["quant"])[0]
+        out += speculative_peer(example, path, models / QWEN_05B_GGUF, prompts, params, max_tokens,
+                                [k for k in (4, 8) if k in ks] or ks[-1:])
+    elif target.name == "gguf":
+        print(f"  {EXAMPLE} not built: left out (see bench/llamacpp_peer.py)", file=sys.stderr)
     return out
 
 
@@ -203,7 +216,7 @@ def measure_target(name: str, configs: list, args, prompts: list[dict], params: 
             r["calibration_ms"] = {"target": [1e3 * t for t in auto.costs[0]], "draft": 1e3 * auto.costs[1]}
             r["k_histories"] = auto.histories[1:]
     peer_rows = [] if args.skip_peers else peers(name, target, drafts, prompts, params, args.max_tokens,
-                                                 args.ks, args.models_dir)
+                                                 args.ks, args.models_dir, args.llama_cpp_bin)
     return {"target": name, "group": group, "backend": backend, "options": opts,
             "temperature": params.temperature, "probe": probe, "results": rows, "runs": runs,
             "peers": peer_rows, "backend_info": target.info()}
@@ -220,6 +233,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--prompts", default=str(HERE / "data" / "anatomy_prompts.json"))
     ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
+                    help=f"llama.cpp's build/bin with {EXAMPLE} (default ${ENV}; see bench/llamacpp_peer.py)")
     ap.add_argument("--skip-advise", action="store_true")
     ap.add_argument("--config", action="append", default=[], metavar="DRAFT:TARGET=KS",
                     help="measure only these configurations, each at these K (and auto; KS 'auto': "
@@ -227,7 +242,8 @@ def main() -> None:
     ap.add_argument("--advise-only", action="store_true",
                     help="redo advise's rankings at --temps in OUT/results.json (e.g. after a busy run)")
     ap.add_argument("--append", action="store_true",
-                    help="add to OUT/results.json: keep its advise rankings and measured cells")
+                    help="add to OUT/results.json: keep its advise rankings and the measured cells of "
+                    "other targets and temperatures")
     args = ap.parse_args()
     from specmac.compare import parse_ks
 
@@ -281,7 +297,10 @@ def main() -> None:
             write_json(out / "results.json", record)
     for name in [] if args.advise_only else targets:
         for temp in (float(t) for t in args.temps.split(",")):
-            record["measured"].append(measure_target(name, configs, args, prompts, SamplingParams(temp)))
+            m = measure_target(name, configs, args, prompts, SamplingParams(temp))
+            # with --append, a target measured again at a temperature replaces its old cells
+            record["measured"] = [x for x in record["measured"]
+                                  if (x["target"], x["temperature"]) != (name, temp)] + [m]
             write_json(out / "results.json", record)  # what was measured survives a later failure
     record["advise"] = sorted(record.get("advise", []), key=lambda r: r["sampling"]["temperature"])
     record["complete"] = True
