@@ -11,10 +11,10 @@ sdist vendors, so that both run the same llama.cpp commit (about 10 minutes on 2
         -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
     cmake --build build -j2 --target llama-speculative-simple
 
-and point ``--llama-cpp-bin`` (or $SPECMAC_LLAMA_CPP_BIN) at build/bin. The example drafts up to
-``--draft-max`` tokens, stopping early where the draft's top probability is below its
-``--draft-p-min`` (its default), and keeps a draft token where the target's sampler picks the same
-token. Its time is what it reports for the prompt and the generated tokens (model loading is
+and point ``--llama-cpp-bin`` (or $SPECMAC_LLAMA_CPP_BIN) at build/bin. The example
+(``--spec-type draft-simple``) drafts up to ``--spec-draft-n-max`` tokens (``--spec-draft-p-min``
+at its default, 0: no early stop) and keeps a draft token where the target's sampler picks the
+same token. Its time is what it reports for the prompt and the generated tokens (model loading is
 excluded); llama-cpp-python's plain decoding is timed from the prompt to the last token, both on
 every prompt in alternation.
 """
@@ -55,9 +55,9 @@ def run_example(example: Path, target: Path, draft: Path, prompt: str, k: int, p
                 max_tokens: int, threads: int = 2, seed: int = 0) -> dict:
     """One generation: tokens, seconds (prompt + generation, as the example reports them),
     drafted and accepted tokens."""
-    cmd = [str(example), "-m", str(target), "-md", str(draft), "-p", prompt, "-n", str(max_tokens),
-           "--draft-max", str(k), "--draft-min", "0", "-t", str(threads), "-td", str(threads), "-c", "2048",
-           "-s", str(seed), *_sampling_flags(params)]
+    cmd = [str(example), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-p", prompt,
+           "-n", str(max_tokens), "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "-t", str(threads),
+           "-td", str(threads), "-c", "2048", "-s", str(seed), *_sampling_flags(params)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     log = res.stdout + res.stderr
     times = {m[0]: (int(m[1]), float(m[2])) for m in _TIMES.findall(log)}
@@ -93,7 +93,7 @@ def speculative_peer(example: Path, target: Path, draft: Path, prompts: list[dic
     rows = []
     for k in ks:
         n, s, drafted, accepted = (tot[k][key] for key in keys)
-        rows.append({"peer": f"llama.cpp {EXAMPLE} (gguf Q4_K_M draft, --draft-max {k})",
+        rows.append({"peer": f"llama.cpp {EXAMPLE} (gguf Q4_K_M draft, --spec-draft-n-max {k})",
                      "target_tokens_per_second": base, "tokens_per_second": n / s,
                      "speedup": n / s / base, "acceptance_rate": accepted / drafted if drafted else None})
     return rows
