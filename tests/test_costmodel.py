@@ -372,3 +372,5 @@ def test_a_run_of_known_length_explores_from_its_first_step():
         policy.update(ev)
         n, seconds = n + 1, seconds + ev.t_draft + ev.t_verify
     assert tried >= 1 and seconds <= 64 * 0.141 * 1.03
+    # Pair hands the run's max_tokens to the policy it makes for k="auto"
+    assert Pair.load("synthetic", "synthetic").policy("auto", max_tokens=64).horizon == 64
