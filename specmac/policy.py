@@ -98,7 +98,6 @@ class AdaptiveK:
         self.prior: np.ndarray | None = None
         self.prior_draft = 0.0
         self.resid_sum = self.resid_n = 0.0
-        self.draft_fixed_sum = self.draft_fixed_n = 0.0  # a step's draft time beyond its passes
         self.calibration_s = 0.0  # what measuring the costs took (set by whoever measured them)
         # exploration budget: seconds decoded, and seconds drafting lost against plain decoding
         self.budget, self.elapsed, self.lost = float(budget), 0.0, 0.0
@@ -123,18 +122,16 @@ class AdaptiveK:
         return self.acc / self.trials
 
     def t_draft1(self) -> float:
-        """Seconds per draft pass: the calibrated pass, else the run's average per pass."""
+        """Seconds per draft pass: the run's average per pass, where calibrated with the measured
+        pass counted as one more. A pass in the loop can cost other than the probe's: in front of
+        a torch target the Q4_K_M draft's pass timed 24 ms in calibration, right after the
+        target's sweep, and 16-19 ms per pass in the run (results/anatomy_auto); kept at the
+        probe's value it held auto at a narrower K than paid. A step's draft cost beyond its
+        passes (sampling, bookkeeping) is spread over them: the passes include the catch-up
+        pass after a fully accepted step, which ``_speedups`` counts as one more pass."""
         if self.prior is not None:
-            return self.prior_draft
+            return (self.prior_draft + self.draft_time) / (1 + self.draft_tokens)
         return self.draft_time / self.draft_tokens if self.draft_tokens else 0.0
-
-    def t_draft_fixed(self) -> float:
-        """Calibrated only: the draft's cost per step beyond its passes (the catch-up pass after a
-        fully accepted step is one of them; sampling, bookkeeping); paid once per step whatever K,
-        so it favours larger K. The mean of the steps' excesses, clipped at 0 only as a whole: a
-        step faster than the calibration is evidence too, and clipping each step would turn
-        timing noise into a cost."""
-        return max(self.draft_fixed_sum / self.draft_fixed_n, 0.0) if self.draft_fixed_n else 0.0
 
     def _line(self) -> tuple[float, float]:
         """(T1, slope) of the least-squares line through the steps seen (seconds)."""
@@ -186,7 +183,7 @@ class AdaptiveK:
         else:
             m = posterior_moments(self.acc, self.trials - self.acc, self.k_max)
         e = np.cumsum(m)[ks]
-        return e * curve[1] / ((ks + m[ks]) * self.t_draft1() + self.t_draft_fixed() + curve[ks + 1])
+        return e * curve[1] / ((ks + m[ks]) * self.t_draft1() + curve[ks + 1])
     def _best(self) -> int:
         """argmax S(K) where the posterior expects that K to pay (or always, with ``k_min`` 1).
 
@@ -207,7 +204,7 @@ class AdaptiveK:
             return k
         hope = self._speedups(True, curve)
         ks = np.arange(1, self.k_max + 1)
-        worst = ks * self.t_draft1() + self.t_draft_fixed() + curve[ks + 1] - curve[1]  # 1 token kept
+        worst = ks * self.t_draft1() + curve[ks + 1] - curve[1]  # 1 token kept
         room = self.budget * max(self.elapsed, (self.horizon or 0) * curve[1]) - self.lost
         ok = (hope >= 1.0) & (worst <= room)
         return int(ks[ok][np.argmax(hope[ok])]) if ok.any() else 0
@@ -232,9 +229,6 @@ class AdaptiveK:
         if self.steps > 1 and d > 0 and self._drafted:
             self.draft_time += event.t_draft
             self.draft_tokens += d + self._caught_up  # passes, the catch-up pass included
-            if self.prior is not None:  # _speedups counts the passes, the catch-up one included
-                self.draft_fixed_sum += event.t_draft - (d + self._caught_up) * self.prior_draft
-                self.draft_fixed_n += 1
         self._caught_up = 0 < d == a
         self._drafted = d > 0
         if self.steps > 1 and event.t_verify > 0:
