@@ -241,6 +241,9 @@ def main() -> None:
                     "auto and plain only), e.g. ngram:gguf-q4=1; repeatable")
     ap.add_argument("--advise-only", action="store_true",
                     help="redo advise's rankings at --temps in OUT/results.json (e.g. after a busy run)")
+    ap.add_argument("--advise-on-anatomy-prompts", action="store_true",
+                    help="with --advise-only: rank with the anatomy's prompts instead of advise's own, "
+                    "kept apart in results.json (what advise predicts given texts like the user's)")
     ap.add_argument("--append", action="store_true",
                     help="add to OUT/results.json: keep its advise rankings and the measured cells of "
                     "other targets and temperatures")
@@ -267,11 +270,14 @@ def main() -> None:
     models = [args.models_dir / QWEN_05B_GGUF, args.models_dir / QWEN_15B_GGUF]
     record["provenance"] = provenance(command, models)
     out = args.out
+    key = "advise_on_anatomy_prompts" if args.advise_on_anatomy_prompts else "advise"
+    if args.advise_on_anatomy_prompts and not args.advise_only:
+        ap.error("--advise-on-anatomy-prompts goes with --advise-only")
     if args.advise_only:
         record = json.loads((out / "results.json").read_text())
         args.skip_advise = False
-        record["advise"] = [r for r in record.get("advise", [])
-                            if r["sampling"]["temperature"] not in {float(t) for t in args.temps.split(",")}]
+        record[key] = [r for r in record.get(key, [])
+                       if r["sampling"]["temperature"] not in {float(t) for t in args.temps.split(",")}]
         record["provenance"].setdefault("earlier_commands", []).append(command)
     elif args.append and (out / "results.json").is_file():
         old = json.loads((out / "results.json").read_text())
@@ -289,9 +295,10 @@ def main() -> None:
         f16 = requantize(args.models_dir / QWEN_15B_GGUF, "f16")[0]  # the F16 target's file (cached)
         for temp in (float(t) for t in args.temps.split(",")):
             print(f"advise ranking at T = {temp}", file=sys.stderr)
-            record.setdefault("advise", []).append(rank_configurations(
+            record.setdefault(key, []).append(rank_configurations(
                 [str(args.models_dir / QWEN_05B_GGUF)], [str(args.models_dir / QWEN_15B_GGUF), str(f16)],
-                params=SamplingParams(temp), prompts=advise_prompts(), backends=["gguf", "torch"],
+                params=SamplingParams(temp), backends=["gguf", "torch"],
+                prompts=[p["text"] for p in prompts] if args.advise_on_anatomy_prompts else advise_prompts(),
                 draft_backends=["gguf", "torch", "mlx"], k_max=8, run_tokens=32,
                 progress=lambda m: print(f"  {m}", file=sys.stderr)))
             write_json(out / "results.json", record)
@@ -302,7 +309,7 @@ def main() -> None:
             record["measured"] = [x for x in record["measured"]
                                   if (x["target"], x["temperature"]) != (name, temp)] + [m]
             write_json(out / "results.json", record)  # what was measured survives a later failure
-    record["advise"] = sorted(record.get("advise", []), key=lambda r: r["sampling"]["temperature"])
+    record[key] = sorted(record.get(key, []), key=lambda r: r["sampling"]["temperature"])
     record["complete"] = True
     write_json(out / "results.json", record)
     print(json.dumps({"wrote": str(out / "results.json")}))

@@ -247,6 +247,15 @@ def main(directory: str) -> None:
         lines += [f"advise's prediction vs measurement over {len(ratios)} cells (fixed K and plain): "
                   f"measured / predicted median {mid:.2f}, range {lo:.2f}{DASH}{hi:.2f}; "
                   f"within \u00b115%: {within / len(ratios):.0%}.", ""] + accuracy_table(record)
+    alt = {**record, "advise": record.get("advise_on_anatomy_prompts", [])}
+    ratios = prediction_accuracy(alt)
+    if ratios:
+        mid, lo, hi, within = spread(ratios)
+        temps = ", ".join(f"{r['sampling']['temperature']:g}" for r in alt["advise"])
+        lines += [f"The same, advise given the anatomy's own prompts (`--advise-on-anatomy-prompts`; "
+                  f"T = {temps}), over {len(ratios)} cells: measured / predicted median {mid:.2f}, range "
+                  f"{lo:.2f}{DASH}{hi:.2f}; within \u00b115%: {within / len(ratios):.0%}.", ""]
+        lines += accuracy_table(alt)
     lines += ["## Every cell", ""]
     for m in record["measured"]:
         lines += target_table(record, m, plain)
