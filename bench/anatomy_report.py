@@ -224,6 +224,19 @@ def accuracy_table(record: dict) -> list[str]:
     return lines + [""]
 
 
+def accuracy_section(record: dict, title: str) -> list[str]:
+    """The summary line over every cell advise predicted (at the temperatures it ranked), then the
+    table per configuration; nothing where it predicted none."""
+    ratios = prediction_accuracy(record)
+    if not ratios:
+        return []
+    mid, lo, hi, within = spread(ratios)
+    temps = ", ".join(f"{r['sampling']['temperature']:g}" for r in record.get("advise", []))
+    return [f"{title} (T = {temps}) over {len(ratios)} cells (fixed K and plain): measured / predicted "
+            f"median {mid:.2f}, range {lo:.2f}{DASH}{hi:.2f}; "
+            f"within \u00b115%: {within / len(ratios):.0%}.", ""] + accuracy_table(record)
+
+
 def spread(ratios: list[float]) -> tuple[float, float, float, int]:
     """Median, min, max of measured / predicted, and how many are within 15%."""
     q = sorted(ratios)
@@ -241,21 +254,9 @@ def main(directory: str) -> None:
     record = json.loads((out / "results.json").read_text())
     plain = fastest_plain(record)
     lines = ["## Headline", ""] + headline(record)
-    ratios = prediction_accuracy(record)
-    if ratios:
-        mid, lo, hi, within = spread(ratios)
-        lines += [f"advise's prediction vs measurement over {len(ratios)} cells (fixed K and plain): "
-                  f"measured / predicted median {mid:.2f}, range {lo:.2f}{DASH}{hi:.2f}; "
-                  f"within \u00b115%: {within / len(ratios):.0%}.", ""] + accuracy_table(record)
-    alt = {**record, "advise": record.get("advise_on_anatomy_prompts", [])}
-    ratios = prediction_accuracy(alt)
-    if ratios:
-        mid, lo, hi, within = spread(ratios)
-        temps = ", ".join(f"{r['sampling']['temperature']:g}" for r in alt["advise"])
-        lines += [f"The same, advise given the anatomy's own prompts (`--advise-on-anatomy-prompts`; "
-                  f"T = {temps}), over {len(ratios)} cells: measured / predicted median {mid:.2f}, range "
-                  f"{lo:.2f}{DASH}{hi:.2f}; within \u00b115%: {within / len(ratios):.0%}.", ""]
-        lines += accuracy_table(alt)
+    lines += accuracy_section(record, "advise's prediction vs measurement")
+    given = {**record, "advise": record.get("advise_on_anatomy_prompts", [])}
+    lines += accuracy_section(given, "The same, advise given the anatomy's own prompts")
     lines += ["## Every cell", ""]
     for m in record["measured"]:
         lines += target_table(record, m, plain)

@@ -22,6 +22,7 @@ from specmac.rejection import VerifyRule
 from specmac.runstats import RunStats
 from specmac.sampling import SamplingParams
 
+MAX_TOKENS = 128  # tokens a run writes unless told otherwise
 K_MAX = 256  # drafts per step: beyond this no draft's acceptance pays, and the per-position stats grow
 
 
@@ -78,7 +79,7 @@ class Pair:
         return FixedK(int(k))
 
     def stream(self, prompt: str | Sequence[int], *, params: SamplingParams | None = None,
-               max_tokens: int = 128, k: int | str | KPolicy = 4, seed: int = 0,
+               max_tokens: int = MAX_TOKENS, k: int | str | KPolicy = 4, seed: int = 0,
                rule: VerifyRule | None = None) -> Iterator[Event]:
         """k: drafts per step, "auto" (adaptive, from the cost model), or a policy object."""
         check_max_tokens(max_tokens)
@@ -89,7 +90,7 @@ class Pair:
                                  rng=np.random.default_rng(seed), k=policy, rule=rule)
 
     def generate(self, prompt: str | Sequence[int], **kw) -> Generation:
-        policy = self.policy(kw.pop("k", 4), kw.get("max_tokens", 128))
+        policy = self.policy(kw.pop("k", 4), kw.get("max_tokens", MAX_TOKENS))
         stats = RunStats(k=policy.k if isinstance(policy, FixedK) else getattr(policy, "label", "auto"))
         ids: list[int] = []
         for event in self.stream(prompt, k=policy, **kw):
@@ -124,7 +125,7 @@ def generate(prompt: str | Sequence[int], *, target: str = "synthetic", draft: s
              target_model: str | None = None, draft_model: str | None = None,
              target_options: dict | None = None, draft_options: dict | None = None,
              k: int | str = 4, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             min_p: float = 0.0, max_tokens: int = 128, seed: int = 0) -> Generation:
+             min_p: float = 0.0, max_tokens: int = MAX_TOKENS, seed: int = 0) -> Generation:
     """Load a pair and generate once. For many calls, load a ``Pair`` once and reuse it."""
     params = SamplingParams(temperature, top_k, top_p, min_p)
     pair = Pair.load(target, draft, target_model=target_model, draft_model=draft_model,
@@ -133,8 +134,8 @@ def generate(prompt: str | Sequence[int], *, target: str = "synthetic", draft: s
 
 
 def stream(prompt: str | Sequence[int], *, target: str = "synthetic", draft: str | None = None,
-           k: int | str = 4, params: SamplingParams | None = None, max_tokens: int = 128, seed: int = 0,
-           **load_kw) -> Iterator[Event]:
+           k: int | str = 4, params: SamplingParams | None = None, max_tokens: int = MAX_TOKENS,
+           seed: int = 0, **load_kw) -> Iterator[Event]:
     """Load a pair and stream its events (tokens with their kind, per step)."""
     pair = Pair.load(target, draft, **load_kw)
     yield from pair.stream(prompt, params=params, max_tokens=max_tokens, k=k, seed=seed)

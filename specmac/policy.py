@@ -184,6 +184,7 @@ class AdaptiveK:
             m = posterior_moments(self.acc, self.trials - self.acc, self.k_max)
         e = np.cumsum(m)[ks]
         return e * curve[1] / ((ks + m[ks]) * self.t_draft1() + curve[ks + 1])
+
     def _best(self) -> int:
         """argmax S(K) where the posterior expects that K to pay (or always, with ``k_min`` 1).
 

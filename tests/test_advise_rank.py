@@ -107,7 +107,7 @@ def test_chains_walk_the_text_as_the_loop_does():
     assert model.width[1] == pytest.approx([0, 1 / 2, 1 / 2])  # the last step is 2 wide, not 3
     iid = Costs(step=[1.0, 1.5, 2.0], t_draft=0.1)
     assert iid.tps(model, 2) == pytest.approx(2.5 / (2 * 0.1 + (1.5 + 2.0) / 2))
-    # averaging over every start position instead would have kept (3 + 1 + 1 + 2 + 1) / 5 at K = 2
+    # stop 11's average over the start positions that see K drafts predicted 2.25 tokens at K = 2
 
     ngram = Chains.of([[[], [1], [1, 0], [], []]], k_max=2, model=False)
     # K = 2: steps at 0 (no lookup: 1), 1 (1 + 1), 3 (none), 4 (none)
