@@ -394,3 +394,34 @@ def test_a_run_of_known_length_explores_from_its_first_step():
     assert tried >= 1 and seconds <= 64 * 0.141 * 1.03
     # Pair hands the run's max_tokens to the policy it makes for k="auto"
     assert Pair.load("synthetic", "synthetic").policy("auto", max_tokens=64).horizon == 64
+
+
+def test_a_stalled_t1_probe_is_timed_again():
+    """A busy machine stalls the probe of T(1) to 10x (seen once on the embedded pair: auto ran at
+    0.04x): plain decoding then looks slow and every K looks paying, and while the policy drafts
+    T(1) is never timed again. The run's wider passes, timed at a fraction of that T(1), put it in
+    doubt; one plain step times it, and the policy stops drafting where drafting loses (a draft
+    pass of 0.8 ms, half of the drafts accepted, against a one-token pass of 1 ms)."""
+    truth = [1e-3 * (1 + 0.3 * n) for n in range(17)]  # seconds, widths 1..17
+    rng = np.random.default_rng(0)
+
+    def run(doubt: bool) -> tuple[float, list[int]]:
+        policy = AdaptiveK(horizon=400)
+        policy.set_costs([10e-3] + truth[1:], 0.8e-3)
+        if not doubt:
+            policy._doubt_t1 = lambda: False
+        n = seconds = 0.0
+        while n < 400:
+            k = policy.next_k()
+            a = 0
+            while a < k and rng.random() < 0.5:
+                a += 1
+            kinds = ["accepted"] * a + ["bonus" if a == k else "corrected"] if k else ["target"]
+            ev = Event([0] * (a + 1), kinds, k, k, a, 0.8e-3 * (k + (0 < a == k)), truth[k], 0.0)
+            policy.update(ev)
+            n, seconds = n + a + 1, seconds + ev.t_draft + ev.t_verify
+        return 400 * 1e-3 / seconds, policy.history  # speedup over plain decoding
+
+    speedup, history = run(doubt=True)
+    assert speedup >= 0.95 and 0 in history[:10]
+    assert run(doubt=False)[0] < 0.8  # the control: never timed again, it drafts at a loss
