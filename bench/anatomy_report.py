@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from statistics import median
+
+import numpy as np
 
 from specmac.results import plot_parallelism, save_figure
 
@@ -145,9 +148,9 @@ def headline(record: dict) -> list[str]:
              "| its measured tokens/s | first choice / fastest |",
              "|---|---:|---|---:|---:|---|---:|---:|"]
     autos = ["| draft \u2192 target | T | auto tokens/s | best fixed K (tokens/s) | plain tokens/s | "
-             "auto / best of fixed K and plain (paired speedups) | "
-             "K auto chose (median, share without drafts) |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             "auto / best of fixed K and plain: per run, median (range) | by total time | "
+             "ratio of median speedups | K auto chose (median, share without drafts) |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for m in record["measured"]:
         temp, t = m["temperature"], m["target"]
         rows = [r for r in m["results"] if r["tokens_per_second"]]
@@ -184,12 +187,37 @@ def headline(record: dict) -> list[str]:
             # paired speedups: each run over the plain run of its own round (drafts measured in another
             # group than the first plain row have their own plain runs)
             ratio = (med(auto["speedup"]) or 0) / max(med(bf["speedup"]) or 0, 1.0)
+            per_run, total = auto_vs_best(m["runs"], auto, bf if (med(bf["speedup"]) or 0) >= 1.0 else base)
+            q = sorted(per_run)
             atps, btps = med(auto["tokens_per_second"]), med(bf["tokens_per_second"])
             autos.append(f"| {DRAFT_NAMES.get(d, d)} \u2192 {TARGET_NAMES[t]} | {temp:g} | {atps:.1f} | "
                          f"K = {bf['k']} ({btps:.1f}) | {med(base['tokens_per_second']):.1f} | "
+                         f"{median(q):.2f} ({q[0]:.2f}{DASH}{q[-1]:.2f}) | {total:.2f} | "
                          f"{ratio:.2f} | {fmt(auto.get('k_chosen_median'), '.0f')}, "
                          f"{fmt(auto.get('share_no_drafts'), '.0%')} |")
     return lines + [""] + autos + [""]
+
+
+def auto_vs_best(runs: list[dict], auto: dict, best: dict) -> tuple[list[float], float]:
+    """auto's runs against the best configuration's (fixed K, or plain where plain is faster) of
+    the same prompt and round: the ratio of tokens/s of every pair, and that of total tokens over
+    total time. The pair of a run is the nearest run of that configuration with the same prompt
+    and round (drafts measured apart each have their own plain runs; a round runs every
+    configuration of its batch once, side by side)."""
+    def key(x: dict) -> tuple:
+        return x["prompt"], x["round"]
+
+    others = [(i, x) for i, x in enumerate(runs) if x["config"] == best["config"]]
+    pairs = []
+    for i, a in enumerate(runs):
+        if a["config"] == auto["config"]:
+            near = [(abs(i - j), j) for j, b in others if key(b) == key(a)]
+            if near:
+                pairs.append((a, runs[min(near)[1]]))
+    per_run = [a["tokens_per_second"] / b["tokens_per_second"] for a, b in pairs]
+    total = (sum(a["n_tokens"] for a, _ in pairs) / sum(a["seconds"] for a, _ in pairs)
+             / (sum(b["n_tokens"] for _, b in pairs) / sum(b["seconds"] for _, b in pairs)))
+    return per_run, total
 
 
 def prediction_accuracy(record: dict) -> list[float]:
@@ -221,6 +249,61 @@ def accuracy_table(record: dict) -> list[str]:
         name = "plain" if d == "none" else DRAFT_NAMES.get(d, d)
         lines.append(f"| {name} \u2192 {TARGET_NAMES[t]} | {temp:g} | {len(xs)} | {mid:.2f} "
                      f"({lo:.2f}{DASH}{hi:.2f}) | {within}/{len(xs)} |")
+    return lines + [""]
+
+
+def causes(record: dict) -> dict[tuple[str, str, float], dict[str, float]]:
+    """(draft, target, T) -> where measured / predicted tokens/s comes from, over its fixed-K and
+    plain cells: per run, measured / predicted for ``tokens`` per target pass (acceptance: the
+    anatomy's texts against advise's), the ``target``'s time per step (against advise's probe of
+    the pass at the width the run verified, interpolated, plus the loop's time per step) and the
+    ``draft``'s time per drafted token (against its one-token pass, sampling included); medians
+    over a cell's runs (a shared machine stalls some), then over the configuration's cells."""
+    out: dict[tuple[str, str, float], dict[str, list[float]]] = {}
+    for m in record["measured"]:
+        temp = m["temperature"]
+        rank = next((r for r in record.get("advise", []) if r["sampling"]["temperature"] == temp), None)
+        if rank is None:
+            continue
+        tb, tp = ADVISE_LABELS[m["target"]]
+        probe = next(x for x in rank["targets"] if (x["backend"], x["precision"]) == (tb, tp))
+        widths = range(1, len(probe["t_pass_ms"]) + 1)
+        for r in m["results"]:
+            draft = None if r["draft"] == "none" else r["draft"]
+            k = 0 if draft is None else r["k"]
+            e = advise_row(record, temp, draft, m["target"])
+            if k == "auto" or not predicted(e, k):
+                continue
+            tpp_pred = 1.0 if k == 0 else next(
+                a["tokens_per_pass"][k - 1] for a in rank["acceptance"]
+                if (a["draft"], a["target"]) == (e["draft_label"], e["target_label"]))
+            t_draft = None if draft is None else 1e-3 * next(
+                x for x in rank["drafts"] if (x["backend"], x["precision"]) == (
+                    ("ngram", "lookup") if draft == "ngram" else ADVISE_LABELS[draft]))["t_pass_ms"]
+            got: dict[str, list[float]] = {}
+            for x in (x for x in m["runs"] if x["config"] == r["config"]):
+                passes = x["n_target_passes"]
+                width = 1 + x["n_drafted"] / passes
+                t_pred = 1e-3 * (float(np.interp(width, widths, probe["t_pass_ms"])) + probe["loop_ms_per_step"])
+                got.setdefault("tokens", []).append(x["n_tokens"] / passes / tpp_pred)
+                got.setdefault("target", []).append((x["t_verify"] + x["t_other"]) / passes / t_pred)
+                if t_draft and x["n_drafted"]:
+                    got.setdefault("draft", []).append(x["t_draft"] / x["n_drafted"] / t_draft)
+            acc = out.setdefault((r["draft"], m["target"], temp), {})
+            acc.setdefault("speed", []).append(med(r["tokens_per_second"]) / predicted(e, k))
+            for name, v in got.items():
+                acc.setdefault(name, []).append(median(v))
+    return {key: {name: median(v) for name, v in d.items()} for key, d in out.items()}
+
+
+def causes_table(record: dict) -> list[str]:
+    """Per configuration: measured / predicted tokens/s beside its parts (medians over its cells)."""
+    lines = ["| draft \u2192 target | T | tokens/s, measured / predicted | tokens per target pass | "
+             "target's time per step | draft's time per drafted token |", "|---|---:|---:|---:|---:|---:|"]
+    for (d, t, temp), c in causes(record).items():
+        name = "plain" if d == "none" else DRAFT_NAMES.get(d, d)
+        lines.append(f"| {name} \u2192 {TARGET_NAMES[t]} | {temp:g} | {c['speed']:.2f} | {c['tokens']:.2f} | "
+                     f"{c['target']:.2f} | {fmt(c.get('draft'), '.2f')} |")
     return lines + [""]
 
 
