@@ -257,8 +257,9 @@ def causes(record: dict) -> dict[tuple[str, str, float], dict[str, float]]:
     plain cells: per run, measured / predicted for ``tokens`` per target pass (acceptance: the
     anatomy's texts against advise's), the ``target``'s time per step (against advise's probe of
     the pass at the width the run verified, interpolated, plus the loop's time per step) and the
-    ``draft``'s time per drafted token (against its one-token pass, sampling included); medians
-    over a cell's runs (a shared machine stalls some), then over the configuration's cells."""
+    ``draft``'s time per drafted token (its prefill of the prompt, as advise timed it, taken out;
+    against its one-token pass, sampling included); medians over a cell's runs (a shared machine
+    stalls some), then over the configuration's cells."""
     out: dict[tuple[str, str, float], dict[str, list[float]]] = {}
     for m in record["measured"]:
         temp = m["temperature"]
@@ -277,18 +278,21 @@ def causes(record: dict) -> dict[tuple[str, str, float], dict[str, float]]:
             tpp_pred = 1.0 if k == 0 else next(
                 a["tokens_per_pass"][k - 1] for a in rank["acceptance"]
                 if (a["draft"], a["target"]) == (e["draft_label"], e["target_label"]))
-            t_draft = None if draft is None else 1e-3 * next(
+            d_probe = None if draft is None else next(
                 x for x in rank["drafts"] if (x["backend"], x["precision"]) == (
-                    ("ngram", "lookup") if draft == "ngram" else ADVISE_LABELS[draft]))["t_pass_ms"]
+                    ("ngram", "lookup") if draft == "ngram" else ADVISE_LABELS[draft]))
+            t_draft = d_probe and 1e-3 * d_probe["t_pass_ms"]
+            prefill = 1e-3 * (d_probe or {}).get("prefill_ms", 0.0)  # advise's of its (median) prompt
             got: dict[str, list[float]] = {}
             for x in (x for x in m["runs"] if x["config"] == r["config"]):
                 passes = x["n_target_passes"]
                 width = 1 + x["n_drafted"] / passes
-                t_pred = 1e-3 * (float(np.interp(width, widths, probe["t_pass_ms"])) + probe["loop_ms_per_step"])
+                t_pass = float(np.interp(width, widths, probe["t_pass_ms"]))
+                t_pred = 1e-3 * (t_pass + probe["loop_ms_per_step"])
                 got.setdefault("tokens", []).append(x["n_tokens"] / passes / tpp_pred)
                 got.setdefault("target", []).append((x["t_verify"] + x["t_other"]) / passes / t_pred)
                 if t_draft and x["n_drafted"]:
-                    got.setdefault("draft", []).append(x["t_draft"] / x["n_drafted"] / t_draft)
+                    got.setdefault("draft", []).append((x["t_draft"] - prefill) / x["n_drafted"] / t_draft)
             acc = out.setdefault((r["draft"], m["target"], temp), {})
             acc.setdefault("speed", []).append(med(r["tokens_per_second"]) / predicted(e, k))
             for name, v in got.items():
@@ -298,8 +302,9 @@ def causes(record: dict) -> dict[tuple[str, str, float], dict[str, float]]:
 
 def causes_table(record: dict) -> list[str]:
     """Per configuration: measured / predicted tokens/s beside its parts (medians over its cells)."""
-    lines = ["| draft \u2192 target | T | tokens/s, measured / predicted | tokens per target pass | "
-             "target's time per step | draft's time per drafted token |", "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| draft \u2192 target | T | tokens/s, measured / predicted | tokens per target pass "
+             "| target's time per step | draft's time per drafted token, less its prefill |",
+             "|---|---:|---:|---:|---:|---:|"]
     for (d, t, temp), c in causes(record).items():
         name = "plain" if d == "none" else DRAFT_NAMES.get(d, d)
         lines.append(f"| {name} \u2192 {TARGET_NAMES[t]} | {temp:g} | {c['speed']:.2f} | {c['tokens']:.2f} | "
@@ -340,6 +345,10 @@ def main(directory: str) -> None:
     lines += accuracy_section(record, "advise's prediction vs measurement")
     given = {**record, "advise": record.get("advise_on_anatomy_prompts", [])}
     lines += accuracy_section(given, "The same, advise given the anatomy's own prompts")
+    for title, rec in (("advise on its own prompts", record), ("advise given the anatomy's prompts", given)):
+        if rec.get("advise"):
+            lines += [f"Where measured / predicted comes from, {title} (medians; measured / predicted "
+                      "for each part):", ""] + causes_table(rec)
     lines += ["## Every cell", ""]
     for m in record["measured"]:
         lines += target_table(record, m, plain)

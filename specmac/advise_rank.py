@@ -6,7 +6,9 @@ What is measured once and shared by every configuration that can share it:
 * per target variant (a backend and a dtype or GGUF type of a target model): its pass T(n) for
   n = 1..k_max + 1 (``calibration.pass_costs``), the loop's own cost per step (a short plain run)
   and its logits on a reference text;
-* per draft variant: its one-token pass T_d(1) and its logits on the same text;
+* per draft variant: its one-token pass T_d(1), its prefill of the prompts (a run pays it once,
+  before its first draft: with mlx's serial CPU pass a 0.5B draft's prefill costs more than a
+  32-token run gains; results/anatomy) and its logits on the same text;
 * acceptance per (draft variant, target variant) from those logits alone (teacher forcing on the
   reference text, which the first target variant wrote itself): greedy, whether the draft's argmax
   is the target's; sampled, sum_x min(p(x), q(x)), the chance that one draft survives the rejection
@@ -54,17 +56,24 @@ class Probe:
     t_pass: list[float] = field(default_factory=list)  # seconds, T(n) for n = 1..; drafts: [T_d(1)]
     t_step: float = 0.0  # seconds the loop adds per step (targets)
     rows: list = field(default_factory=list)  # per text: argmax ids, warped probs or n-gram lookups
+    t_prefill: float = 0.0  # seconds a draft takes to prefill a prompt (median over the reference's)
     seconds: float = 0.0  # what loading and probing this variant took (the reference text included)
 
 
 def _rows(backend: BaseBackend, texts: list[list[int]], starts: list[int], params: SamplingParams,
-          n_vocab: int) -> list[np.ndarray]:
+          n_vocab: int, prefills: list[float] | None = None) -> list[np.ndarray]:
     """Teacher forcing: per text, the distribution (sampled: warped probabilities, float32) or the
-    argmax (greedy) at every position that predicts a reference token."""
+    argmax (greedy) at every position that predicts a reference token. The prompt is prefilled
+    first, as a draft in the loop does it, and its seconds appended to ``prefills``."""
     out = []
     for ids, start in zip(texts, starts):
         backend.reset()
-        logits = align_logits(backend.score(ids[:-1])[start - 1:], n_vocab)
+        t0 = time.perf_counter()
+        last = np.asarray(backend.prefill(ids[:start]))
+        if prefills is not None:
+            prefills.append(time.perf_counter() - t0)
+        rest = backend.score(ids[start:-1]) if len(ids) - 1 > start else np.empty((0, last.shape[-1]))
+        logits = align_logits(np.vstack([last[None], np.asarray(rest)]), n_vocab)
         out.append(np.argmax(logits, axis=-1) if params.greedy else warp(logits, params).astype(np.float32))
     backend.reset()
     return out
@@ -92,8 +101,10 @@ def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingP
     t_pass, _ = pass_costs(backend, None, k_max, repeats=3)
     plain = Pair(backend, NoDraft())
     events = list(plain.stream(texts[0][: starts[0]], params=params, max_tokens=6, seed=0))[1:]
-    per_step = [e.t_draft + e.t_verify + e.t_other for e in events] or [t_pass[0]]
-    t_step = max(float(np.median(per_step)) - t_pass[0], 0.0)
+    # the loop's own work per step, timed apart from the pass: a step's time less the probe's
+    # T(1) measured the pass's speed from one moment to the next as well (47.7 ms on a 124 ms
+    # torch bf16 pass once, added to every width; results/anatomy)
+    t_step = float(np.median([e.t_draft + e.t_other for e in events])) if events else 0.0
     return Probe(v, t_pass, t_step, _rows(backend, texts, starts, params, n_vocab))
 
 
@@ -105,7 +116,9 @@ def probe_draft(v: Variant, backend: BaseBackend | None, params: SamplingParams,
         t = (time.perf_counter() - t0) / max(sum(len(r) for r in rows), 1)
         return Probe(v, [t], 0.0, rows)
     t_d = time_single(backend, context=min(16, backend.n_ctx - 1), repeats=5, warmup=1)["median_ms"] / 1e3
-    return Probe(v, [t_d], 0.0, _rows(backend, texts, starts, params, n_vocab))
+    prefills: list[float] = []
+    rows = _rows(backend, texts, starts, params, n_vocab, prefills)
+    return Probe(v, [t_d], 0.0, rows, t_prefill=float(np.median(prefills)))
 
 
 def chances(draft: Probe, target: Probe, params: SamplingParams) -> list[list[list[float]]]:
@@ -191,21 +204,36 @@ def acceptance(draft: Probe, target: Probe, params: SamplingParams, k_max: int) 
 
 @dataclass
 class Costs:
-    """Seconds: a target's step over n tokens (pass + the loop), a draft's pass (+ its sampling)."""
+    """Seconds: a target's step over n tokens (pass + the loop), a draft's pass (+ its sampling),
+    and the draft's prefill of the prompt, paid once per run of ``run_tokens`` tokens (0: not
+    counted, steady state). The target's prefill is not counted: plain decoding pays it too."""
 
     step: list[float]  # step[n - 1], n = 1..k_max + 1
     t_draft: float
+    t_prefill: float = 0.0
+    run_tokens: int = 0
 
-    def tps(self, alpha: float | Chains, k: int) -> float:
-        """Predicted tokens/s at K = k (k = 0: plain decoding): from the reference text's chains,
-        or (a float) from one acceptance rate, the same at every position."""
+    def tps(self, alpha: float | Chains, k: int, steady: bool = False) -> float:
+        """Predicted tokens/s at K = k (k = 0: plain decoding) over a run of ``run_tokens`` tokens
+        (``steady``: without the draft's prefill): from the reference text's chains, or (a float)
+        from one acceptance rate, the same at every position."""
         if k == 0:
             return 1.0 / self.step[0]
         if isinstance(alpha, Chains):
             verify = sum(share * self.step[n] for n, share in enumerate(alpha.width[k - 1]) if share)
-            return alpha.tokens[k - 1] / (alpha.passes[k - 1] * self.t_draft + verify)
-        drafting = draft_passes(alpha, k, catch_up=True) * self.t_draft
-        return expected_tokens(alpha, k) / (drafting + self.step[k])
+            tps = alpha.tokens[k - 1] / (alpha.passes[k - 1] * self.t_draft + verify)
+        else:
+            drafting = draft_passes(alpha, k, catch_up=True) * self.t_draft
+            tps = expected_tokens(alpha, k) / (drafting + self.step[k])
+        if steady or not self.run_tokens or not self.t_prefill:
+            return tps
+        return self.run_tokens / (self.t_prefill + self.run_tokens / tps)
+
+    def tokens_to_pay(self, alpha: float | Chains, k: int) -> float | None:
+        """The run length from which drafting at K = k beats plain decoding, the draft's prefill
+        included (None: not even in steady state)."""
+        gain = 1.0 / self.tps(0.0, 0) - 1.0 / self.tps(alpha, k, steady=True)  # seconds per token
+        return self.t_prefill / gain if gain > 0 else None
 
 
 def best(costs: Costs, alpha: float | Chains, k_max: int) -> tuple[int, float]:
@@ -224,9 +252,21 @@ def alpha_needed(costs: Costs, k_max: int) -> float | None:
     return hi
 
 
-def why(costs: Costs, alpha: float, beta: float, k_max: int) -> str:
-    """Why this draft does not pay on this target, in the paper's terms: c, beta, alpha."""
-    need = alpha_needed(costs, k_max)
+def why(costs: Costs, chains: Chains, beta: float, k_max: int, k: int) -> str:
+    """Why this draft does not pay on this target, in the paper's terms: c, beta, alpha; or, where
+    it pays in steady state, the draft's prefill of the prompt against a run this short."""
+    plain = costs.tps(0.0, 0)
+    if costs.t_prefill and costs.tps(chains, k, steady=True) > plain:
+        n = costs.tokens_to_pay(chains, k)
+        ms = 1e3 * costs.t_prefill
+        return (f"the draft's prefill of the prompt ({ms:.0f} ms) outweighs what " if ms >= 10 else
+                f"the draft's prefill of the prompt ({ms:.2g} ms) outweighs what ") + (
+                f"{costs.run_tokens} tokens gain: pays from about {n:.0f} tokens")
+    alpha = chains.alpha
+    need = alpha_needed(Costs(costs.step, costs.t_draft), k_max)
+    if need is not None and need <= alpha:  # the walk's runs of accepted drafts are what falls short
+        return (f"acceptance too low: \u03b1 = {alpha:.2f}, in runs too short on this text "
+                f"(independent acceptances would pay from \u03b1 = {need:.2f})")
     if need is not None:
         return f"acceptance too low: \u03b1 = {alpha:.2f} (pays from \u03b1 = {need:.2f})"
     reasons = why_not(alpha, costs.t_draft, lambda n: costs.step[min(n, len(costs.step)) - 1], beta, k_max,
@@ -235,8 +275,9 @@ def why(costs: Costs, alpha: float, beta: float, k_max: int) -> str:
 
 
 def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, int], Chains], k_max: int,
-            w_row: float, w_draft: float) -> list[dict]:
-    """Every configuration at its best K, ranked by predicted tokens/s within precision groups,
+            w_row: float, w_draft: float, run_tokens: int = 0) -> list[dict]:
+    """Every configuration at its best K, ranked by predicted tokens/s over a run of ``run_tokens``
+    tokens (the draft's prefill of the prompt included; 0: steady state) within precision groups,
     groups in the order of their best configuration."""
     entries = []
     for ti, t in enumerate(targets):
@@ -249,12 +290,14 @@ def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, i
             if (di, ti) not in alphas:
                 continue
             chains = alphas[di, ti]
-            costs = Costs(step, d.t_pass[0] + (w_draft if d.variant.backend != "ngram" else 0.0))
+            costs = Costs(step, d.t_pass[0] + (w_draft if d.variant.backend != "ngram" else 0.0),
+                          d.t_prefill, run_tokens)
             k, tps = best(costs, chains, k_max)
-            reason = why(costs, chains.alpha, beta, k_max) if tps <= base.tps(0.0, 0) else None
+            reason = why(costs, chains, beta, k_max, k) if tps <= base.tps(0.0, 0) else None
             entries.append(_entry(d, t, k, tps, chains.alpha, beta, costs.t_draft / step[0], reason))
             entries[-1]["by_k"] = [costs.tps(chains, j) for j in range(1, k_max + 1)]  # K = 1..k_max
             entries[-1]["tokens_per_pass"] = chains.tokens[k - 1]
+            entries[-1]["draft_prefill_ms"] = 1e3 * d.t_prefill
     groups: dict[str, list[dict]] = {}
     for e in entries:
         groups.setdefault(e["group"], []).append(e)
@@ -364,12 +407,13 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
     width = vocab.n_logits or vocab.size
     w1, wn = (warp_cost_ms(width, vocab.size, params, n) / 1e3 for n in (1, k_max + 1))
     w_row = max(wn - w1, 0.0) / k_max
-    rows = ranking(targets, probed, alphas, k_max, w_row, 0.0 if params.greedy else w1)
+    rows = ranking(targets, probed, alphas, k_max, w_row, 0.0 if params.greedy else w1, run_tokens)
     return {
         "ranking": rows,
         "targets": [{**t.variant.to_dict(), "t_pass_ms": [1e3 * x for x in t.t_pass],
                      "loop_ms_per_step": 1e3 * t.t_step, "seconds": t.seconds} for t in targets],
-        "drafts": [{**d.variant.to_dict(), "t_pass_ms": 1e3 * d.t_pass[0], "seconds": d.seconds}
+        "drafts": [{**d.variant.to_dict(), "t_pass_ms": 1e3 * d.t_pass[0], "prefill_ms": 1e3 * d.t_prefill,
+                    "seconds": d.seconds}
                    for d in probed],
         "acceptance": [{"draft": probed[di].variant.label, "draft_source": probed[di].variant.source,
                         "target": targets[ti].variant.label, "target_source": targets[ti].variant.source,

@@ -119,7 +119,8 @@ One pairing:
                    "packaged prompts, code and prose).")
 @click.option("--run-tokens", type=int, default=48, show_default=True,
               help="Tokens generated per prompt to measure acceptance (ranking: its predictions are for "
-              "runs this long, whose last step drafts only what is left to write).")
+              "runs this long, after a prompt like these: the draft's prefill of it counted once, the "
+              "last step drafting only what is left to write).")
 @click.option("--context", type=int, default=128, show_default=True,
               help="One pairing: tokens prefilled before each timing.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="One pairing: timed repeats.")

@@ -70,6 +70,30 @@ def test_alpha_needed_and_the_acceptance_reason():
     assert alpha_needed(serial, 8) is None  # even a perfect draft cannot pay
 
 
+def test_a_run_pays_the_drafts_prefill_once():
+    """Predictions are for runs of run_tokens: the draft's prefill of the prompt is paid once per
+    run (plain decoding pays none of it), so a draft that pays in steady state can lose a short run;
+    the reason says from how many tokens it pays."""
+    from specmac.advise_rank import why
+
+    steady = Costs(step=[1.0, 1.1, 1.2], t_draft=0.05)
+    run = Costs(step=steady.step, t_draft=0.05, t_prefill=4.0, run_tokens=10)
+    x = steady.tps(0.9, 2)
+    assert run.tps(0.9, 2, steady=True) == pytest.approx(x)
+    assert run.tps(0.9, 2) == pytest.approx(10 / (4.0 + 10 / x))  # once per run, not per step
+    assert run.tps(0.0, 0) == steady.tps(0.0, 0) == 1.0  # plain decoding: no draft, no prefill
+    n = run.tokens_to_pay(0.9, 2)
+    assert n == pytest.approx(4.0 / (1.0 - 1 / x))
+    assert Costs(run.step, 0.05, 4.0, int(n) + 1).tps(0.9, 2) > 1.0 > Costs(run.step, 0.05, 4.0,
+                                                                                int(n) - 1).tps(0.9, 2)
+    from specmac.advise_rank import Chains
+    chains = Chains.of([[[1.0] * (10 - i) for i in range(10)]], k_max=2, model=True)  # all accepted
+    slow = Costs(step=run.step, t_draft=0.05, t_prefill=10.0, run_tokens=10)
+    assert slow.tps(chains, 2) < 1.0 < slow.tps(chains, 2, steady=True)
+    reason = why(slow, chains, beta=0.1, k_max=2, k=2)
+    assert reason.startswith("the draft's prefill of the prompt (10000 ms) outweighs what 10 tokens gain")
+
+
 def test_variants_of_a_model():
     assert gguf_type("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf") == "Q4_K_M"
     assert gguf_type("target-f16.gguf") == "F16" and gguf_type("x.gguf") == "GGUF"
@@ -88,6 +112,8 @@ def test_the_embedded_pair_ranks_with_no_model_flags():
     assert len(r["acceptance"]) == len(r["drafts"]) * len(r["targets"])
     assert all(0 <= a["alpha"] <= 1 for a in r["acceptance"])
     assert np.isfinite([e["predicted_tokens_per_second"] for e in r["ranking"]]).all()
+    # a model draft's prefill of the prompts is measured (the n-gram lookup has none)
+    assert all(d["prefill_ms"] > 0 for d in r["drafts"] if d["backend"] != "ngram")
 
 
 def test_chains_walk_the_text_as_the_loop_does():
@@ -164,3 +190,29 @@ def test_greedy_chains_predict_the_loops_passes_exactly():
         runs = [pair.generate(prompt, params=params, max_tokens=n, k=k).stats for prompt in prompts]
         measured = sum(r.n_tokens for r in runs) / sum(r.n_target_passes for r in runs)
         assert chains.tokens[k - 1] == pytest.approx(measured, rel=1e-9), k
+
+
+def test_the_loops_overhead_is_timed_apart_from_the_pass(monkeypatch):
+    """advise adds the loop's own work per step to every width's pass. It is timed apart from the
+    pass: a step's time less the probe's T(1) also measured how the pass's speed moved between the
+    two timings (47.7 ms on a 124 ms torch bf16 pass once, which made every drafted step of that
+    target look 48 ms slower than it ran). Here the pass slows by 20 ms after the probe."""
+    import specmac.advise_rank as ar
+    from specmac.backends import load_backend
+    from specmac.sampling import SamplingParams
+
+    target = load_backend("synthetic", None, {"latency_ms": 5.0}, role="target")
+    probed = ar.pass_costs
+
+    def probe_then_slow_down(*a, **kw):
+        out = probed(*a, **kw)
+        target.resolved["latency_ms"] = 25.0
+        return out
+
+    monkeypatch.setattr(ar, "pass_costs", probe_then_slow_down)
+    params = SamplingParams(0.0)
+    texts, starts = ar.reference_texts(target, ["def f(x):"], params, 8, seed=0)
+    target.resolved["latency_ms"] = 5.0
+    probe = ar.probe_target(variants([None], "target", ["synthetic"])[0], target, 2, params, texts, starts,
+                            target.vocab.size)
+    assert probe.t_pass[0] < 0.015 and probe.t_step < 0.005
