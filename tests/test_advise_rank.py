@@ -216,3 +216,16 @@ def test_the_loops_overhead_is_timed_apart_from_the_pass(monkeypatch):
     probe = ar.probe_target(variants([None], "target", ["synthetic"])[0], target, 2, params, texts, starts,
                             target.vocab.size)
     assert probe.t_pass[0] < 0.015 and probe.t_step < 0.005
+
+
+def test_a_near_tie_of_k_goes_to_the_smaller_k():
+    """Where S(K) is flat at the top, the ranking takes the smallest K predicted within 2% of the
+    best (its tokens/s beside it), not the argmax of differences finer than the prediction."""
+    from specmac.advise_rank import K_TIE, best
+
+    flat = Costs(step=[1.0] * 10, t_draft=0.0)
+    speeds = [1.5, 2.0, 2.50, 2.51, 2.52, 2.53]  # tokens/s at K = 1..6: flat from K = 3
+    flat.tps = lambda alpha, k, steady=False: speeds[k - 1]  # type: ignore[method-assign]
+    assert best(flat, 0.5, 6) == (6, 2.53)  # the control: the argmax
+    assert best(flat, 0.5, 6, K_TIE) == (3, 2.50)
+    assert best(flat, 0.5, 6, 0.001) == (6, 2.53)  # 2.52 is not within 0.1% of 2.53
