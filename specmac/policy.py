@@ -101,6 +101,7 @@ class AdaptiveK:
         self.resid_sum = self.resid_n = 0.0
         self.t1_doubted = False  # the run's wider passes beat the probe's T(1) by half: a stalled probe
         self.calibration_s = 0.0  # what measuring the costs took (set by whoever measured them)
+        self.calibration_cached = False  # were they measured by an earlier run (kept on disk)?
         # exploration budget: seconds decoded, and seconds drafting lost against plain decoding
         self.budget, self.elapsed, self.lost = float(budget), 0.0, 0.0
         self.horizon = horizon  # tokens the run will write at most (max_tokens), if known
@@ -281,5 +282,6 @@ class AdaptiveK:
         return {"policy": self.label, "alpha": self.alpha, "alpha_high": self.alpha_high(),
                 "k_min": self.k_min, "t_draft1_ms": self.t_draft1() * 1e3,
                 "t_target1_ms": self.t_target(1) * 1e3, "calibrated": self.prior is not None,
-                "calibration_s": self.calibration_s, "exploration_lost_s": self.lost,
+                "calibration_s": self.calibration_s, "calibration_cached": self.calibration_cached,
+                "exploration_lost_s": self.lost,
                 "k_history": list(self.history)}

@@ -425,3 +425,39 @@ def test_a_stalled_t1_probe_is_timed_again():
     speedup, history = run(doubt=True)
     assert speedup >= 0.95 and 0 in history[:10]
     assert run(doubt=False)[0] < 0.8  # the control: never timed again, it drafts at a loss
+
+
+def test_pass_costs_are_kept_between_runs(monkeypatch, tmp_path):
+    """k="auto" measures the pair's pass costs once per machine, target, draft and options (seconds
+    on a 1.5B model, more than a short run's decoding) and later runs start from the kept costs; a
+    malformed entry is measured again and rewritten whole; a cache that cannot be written costs
+    only the keeping."""
+    from specmac import calibration
+
+    monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "cache"))
+    calls = []
+    real = calibration.pass_costs
+    monkeypatch.setattr(calibration, "pass_costs", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    pair = Pair.load("synthetic", "synthetic", target_options={"latency_ms": 1})
+    first = adaptive_policy(pair.target, pair.drafter.backend)
+    second = adaptive_policy(pair.target, pair.drafter.backend)
+    assert len(calls) == 1 and not first.calibration_cached and second.calibration_cached
+    assert np.array_equal(first.prior, second.prior) and first.prior_draft == second.prior_draft
+    assert second.info()["calibration_cached"] is True
+    other = Pair.load("synthetic", "synthetic", target_options={"latency_ms": 2})
+    adaptive_policy(other.target, other.drafter.backend)
+    assert len(calls) == 2  # other options: measured, not taken from the first pair's
+    kept = sorted(calibration.costs_dir().glob("*.json"))
+    assert len(kept) == 2 and not list(calibration.costs_dir().glob(".*"))  # no temporary left
+    for f in kept:
+        f.write_text('{"t_target": [1.0')
+    third = adaptive_policy(pair.target, pair.drafter.backend)
+    assert len(calls) == 3 and not third.calibration_cached and third.prior is not None
+    assert sum("t_target" in f.read_text() and f.read_text().endswith("}") for f in kept) == 1
+    assert adaptive_policy(pair.target, pair.drafter.backend).calibration_cached  # rewritten whole
+    adaptive_policy(pair.target, pair.drafter.backend, cache=False)
+    assert len(calls) == 4
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "file"))  # cannot hold a folder
+    unkept = adaptive_policy(pair.target, pair.drafter.backend)
+    assert unkept.prior is not None and not unkept.calibration_cached and len(calls) == 5
