@@ -76,10 +76,11 @@ def cached_pass_costs(target: BaseBackend, draft: BaseBackend | None,
     """``pass_costs`` for this machine, target and draft, measured once and kept (``costs_dir``):
     (T_t(n), T_d(1), whether they came from the cache). The probe costs seconds on a 1.5B model
     (2.7 s on Qwen2.5-Coder-1.5B Q4_K_M here, 15 s in torch fp32: more than 64 tokens of plain
-    decoding; bench/calibration_cost.py), which every ``k="auto"`` run would otherwise pay before its first token; the run's
-    steps refine the kept costs as they refine a fresh probe's. A missing, unreadable or malformed
-    entry is measured again; one that cannot be written is only not kept. Delete the folder to
-    re-measure (say after a change of hardware or of load)."""
+    decoding; bench/calibration_cost.py), which every ``k="auto"`` run would otherwise pay before
+    its first token. Each run's steps refine its own copy, as they refine a fresh probe's; the kept
+    file is not rewritten. A missing, unreadable or malformed entry is measured again; one that
+    cannot be written is only not kept. Delete the folder to re-measure (say after a change of
+    hardware or of load)."""
     ident = {"target": _identity(target), "draft": _identity(draft), "k_max": k_max,
              "host": platform.node(), "cpus": os.cpu_count()}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
