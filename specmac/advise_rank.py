@@ -269,9 +269,9 @@ def why(costs: Costs, chains: Chains, beta: float, k_max: int, k: int) -> str:
     if costs.t_prefill and costs.tps(chains, k, steady=True) > plain:
         n = costs.tokens_to_pay(chains, k)
         ms = 1e3 * costs.t_prefill
-        return (f"the draft's prefill of the prompt ({ms:.0f} ms) outweighs what " if ms >= 10 else
-                f"the draft's prefill of the prompt ({ms:.2g} ms) outweighs what ") + (
-                f"{costs.run_tokens} tokens gain: pays from about {n:.0f} tokens")
+        shown = f"{ms:.0f}" if ms >= 10 else f"{ms:.2g}"
+        return (f"the draft's prefill of the prompt ({shown} ms) outweighs what {costs.run_tokens} "
+                f"tokens gain: pays from about {n:.0f} tokens")
     alpha = chains.alpha
     need = alpha_needed(Costs(costs.step, costs.t_draft), k_max)
     if need is not None and need <= alpha:  # the walk's runs of accepted drafts are what falls short
