@@ -253,6 +253,11 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
             lines.append("K per step: " + ", ".join(f"{_n(n, 'step')} at {k}" for k, n in counts)
                          + ("  (0 = no drafts: no K was predicted to beat the target alone, or the "
                             "last token of --max-tokens)" if counts[0][0] == 0 else ""))
+        policy = r.get("k_policy", {})
+        if policy.get("calibrated"):
+            how = ("kept from an earlier run" if policy.get("calibration_cached") else
+                   "measured before the first token, kept for later runs")
+            lines.append(f"pass costs for K: {how} ({policy['calibration_s']:.2f} s, not counted)")
     ts, total = r["time_split"], r["seconds"]
     lines.append(f"time: draft {_pct(ts['draft'], total)}  verify {_pct(ts['verify'], total)}  "
                  f"other {_pct(ts['other'], total)}  (prompt prefill {r['prefill_seconds']:.2f} s, "

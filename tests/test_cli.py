@@ -309,6 +309,7 @@ def test_run_adaptive_k_drafts_nothing_when_no_k_pays():
     slow = ["--draft-opt", "latency_ms=2", "--target-opt", "latency_ms=2", "--target-opt", "beta=1.0"]
     r = _invoke(["run", *PAIR, *slow, "--k", "auto", "--max-tokens", "12", "hi"])
     assert "K per step: 12 steps at 0  (0 = no drafts: no K was predicted to beat the target" in r.stderr
+    assert "pass costs for K: " in r.stderr and "not counted)" in r.stderr  # what auto paid first
 
 
 def test_run_reads_stdin():
