@@ -60,7 +60,7 @@ class AdaptiveK:
     and the widest pass is known, and every ``explore_every`` steps a neighbour of the current
     best is tried.
     A probe's T(1) that the run's wider passes show stalled is timed again by one plain step
-    (``_doubt_t1``). When no K is predicted to beat target-only decoding it drafts nothing (K = 0, plain
+    (``_t1_stalled``). When no K is predicted to beat target-only decoding it drafts nothing (K = 0, plain
     decoding), and tries drafting again only within an exploration budget (``budget``, a share
     of the time decoded, or, where the run's length is known (``horizon``, tokens), of what plain
     decoding of the whole run takes, so that a short run can try from its first step; see
@@ -157,10 +157,7 @@ class AdaptiveK:
             unseen = np.maximum(t1 + b * (np.arange(K_MAX + 2) - 1), 1e-12)
         seen = self.n_seen > 0
         if self.prior is not None:  # the probe counts as one observation: one slow step cannot
-            curve = np.maximum((unseen + self.t_seen) / (1 + self.n_seen), 1e-12)  # condemn a width
-            if self.t1_doubted and seen[1]:  # ... unless the run showed it stalled: T(1) is the run's
-                curve[1] = self.t_seen[1] / self.n_seen[1]
-            return curve
+            return np.maximum((unseen + self.t_seen) / (1 + self.n_seen), 1e-12)  # condemn a width
         return np.where(seen, self.t_seen / np.maximum(self.n_seen, 1), np.maximum(unseen, 1e-12))
 
     def t_target(self, n: int) -> float:
@@ -249,30 +246,30 @@ class AdaptiveK:
             self.sxy += x * y
             self.n_seen[d + 1] += 1
             self.t_seen[d + 1] += y
-            if self.prior is not None and not (d == 0 and self.t1_doubted):  # (a doubted T(1) is no
-                self.resid_sum += y - self.prior[d + 1]  # yardstick of the loop's overhead)
+            if self.prior is not None:
+                if d == 0 and self.t1_doubted and self.n_seen[1] == 1:
+                    self.prior[1] = y  # the plain step that _choose asked for: the run's T(1) is the probe's
+                self.resid_sum += y - self.prior[d + 1]
                 self.resid_n += 1
         self._k = self._choose()
 
-    def _doubt_t1(self) -> bool:
-        """Calibrated, is the probe's T(1) in doubt, so that a plain step should time it? T(1) is
+    def _t1_stalled(self) -> bool:
+        """Calibrated and not yet timed by the run, does the probe's T(1) look stalled? T(1) is
         every S(K)'s yardstick and, while the policy drafts, never timed again: a probe stalled by
         a busy machine would keep it drafting where plain decoding is faster. A wider pass the run
         timed (twice or more) at under half the probe's T(1) says so: no backend here verifies two
         or more tokens in half a one-token pass (torch bf16's T(2..5) are its cheapest, at 0.8)."""
         if self.prior is None or self.t1_doubted or self.n_seen[1]:
             return False
-        n = np.arange(len(self.n_seen))
-        wide = (n >= 2) & (self.n_seen >= 2)
-        means = self.t_seen[wide] / self.n_seen[wide]
-        self.t1_doubted = bool(wide.any() and means.min() < 0.5 * self.prior[1])
-        return self.t1_doubted
+        wide = (np.arange(len(self.n_seen)) >= 2) & (self.n_seen >= 2)
+        return bool(wide.any() and (self.t_seen[wide] / self.n_seen[wide]).min() < 0.5 * self.prior[1])
 
     def _choose(self) -> int:
         if self.steps <= len(self.schedule):
             return self.schedule[self.steps - 1]
-        if self._doubt_t1():
-            return 0  # one plain step: the run's own T(1) replaces the probe's
+        if self._t1_stalled():
+            self.t1_doubted = True
+            return 0  # one plain step: update() puts the run's own T(1) in the probe's place
         best = self._best()
         if self.explore_every and self.steps % self.explore_every == 0:
             return self._clamp(best + (1 if (self.steps // self.explore_every) % 2 else -1))
