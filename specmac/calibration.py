@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from specmac.backends import BaseBackend
-from specmac.backends.cache import cache_root
+from specmac.backends.cache import cache_root, signature
 from specmac.errors import SpecmacError
+from specmac.files import write_json
 from specmac.policy import AdaptiveK
 from specmac.timing import probe_tokens, time_single, timed
 
@@ -60,14 +61,13 @@ def costs_dir() -> Path:
 
 
 def _identity(backend: BaseBackend | None) -> dict | None:
-    """What a pass's cost depends on: backend, model (and its file's size and mtime), options."""
+    """What a pass's cost depends on: backend, model (and its files' size and mtime), options."""
     if backend is None:
         return None
     info = {k: v for k, v in backend.info().items() if k != "vocab"}
     model = Path(str(info.get("model") or ""))
-    if model.is_file():
-        st = model.stat()
-        info["file"] = [st.st_size, st.st_mtime_ns]
+    if model.exists():
+        info["file"] = signature(model)
     return info
 
 
@@ -75,8 +75,8 @@ def cached_pass_costs(target: BaseBackend, draft: BaseBackend | None,
                       k_max: int) -> tuple[list[float], float, bool]:
     """``pass_costs`` for this machine, target and draft, measured once and kept (``costs_dir``):
     (T_t(n), T_d(1), whether they came from the cache). The probe costs seconds on a 1.5B model
-    (2.7 s on Qwen2.5-Coder-1.5B Q4_K_M here, 15 s in torch fp32: more than 64 tokens of plain
-    decoding; bench/calibration_cost.py), which every ``k="auto"`` run would otherwise pay before
+    (2.7 s on Qwen2.5-Coder-1.5B Q4_K_M here, 15-24 s in torch fp32: more than the passes of 64
+    plain tokens; bench/calibration_cost.py), which every ``k="auto"`` run would otherwise pay before
     its first token. Each run's steps refine its own copy, as they refine a fresh probe's; the kept
     file is not rewritten. A missing, unreadable or malformed entry is measured again; one that
     cannot be written is only not kept. Delete the folder to re-measure (say after a change of
@@ -94,11 +94,8 @@ def cached_pass_costs(target: BaseBackend, draft: BaseBackend | None,
         pass
     t_target, t_draft = pass_costs(target, draft, k_max)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"t_target": t_target, "t_draft": t_draft, "measured": time.time(),
-                                   "identity": ident}, default=str))
-        os.replace(tmp, path)  # whole or not at all
+        write_json(path, {"t_target": t_target, "t_draft": t_draft, "measured": time.time(),
+                          "identity": ident})
     except OSError:
         pass
     return t_target, t_draft, False

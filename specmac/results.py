@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
 import platform
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from specmac.errors import BadOption
+from specmac.files import write_json  # noqa: F401  (re-exported: the bench scripts' writer)
 
 LIBRARIES = ("numpy", "mlx", "mlx-lm", "llama-cpp-python", "torch", "transformers")
 REPO = Path(__file__).resolve().parent.parent
@@ -157,22 +156,6 @@ def check_output(path: str | Path, param: str, *, folder: bool = False, image: b
     if not os.access(where, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise BadOption(f"{param} {path}: cannot write in {where} (permission denied): give a writable "
                         "path", param=param)
-
-
-def write_json(path: str | Path, record: Any) -> Path:
-    """Write record as JSON atomically: a temporary file in the same folder, then a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=2, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _pyplot():

@@ -22,7 +22,8 @@ LAYERS = [
     ("measurement", 4, lambda m: m.startswith(("specmac.probes", "specmac.advise", "specmac.compare",
                                                "specmac.report", "specmac.proof", "specmac.results"))),
     ("api", 3, lambda m: m in ("specmac.api", "specmac.calibration")),
-    ("types", 0, lambda m: m in ("specmac.errors", "specmac.vocab") or m.startswith("specmac.assets")),
+    ("types", 0, lambda m: m in ("specmac.errors", "specmac.vocab", "specmac.files")
+     or m.startswith("specmac.assets")),
     ("backends", 1, lambda m: m.startswith("specmac.backends")),
     ("core", 2, lambda m: m in CORE),
 ]

@@ -43,7 +43,7 @@ def sha256_path(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _signature(path: Path) -> dict:
+def signature(path: Path) -> dict:
     """Cheap identity of a source (path, size, mtime) so a cache hit needs no re-hash."""
     files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else [path]
     return {"path": str(path.resolve()), "bytes": sum(f.stat().st_size for f in files),
@@ -79,7 +79,7 @@ def entry_bytes(entry: Path) -> int:
 
 def lookup(source: Path, variant: str) -> tuple[Path, dict] | None:
     """The entry made from this source (same path, size and mtime) as ``variant``, if any."""
-    sig = _signature(source)
+    sig = signature(source)
     for entry, meta in entries():
         if meta.get("variant") == variant and meta.get("source_signature") == sig:
             return entry, meta
@@ -110,7 +110,7 @@ def converted(source: str | Path, variant: str, build: Callable[[Path, Path], No
     try:
         build(source, tmp)
         meta = {"source": str(source.resolve()), "source_sha256": sha, "variant": variant,
-                "source_signature": _signature(source), "what": what, **(details or {}),
+                "source_signature": signature(source), "what": what, **(details or {}),
                 "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         (tmp / SIDECAR).write_text(json.dumps(meta, indent=2) + "\n")
         if final.exists():  # made meanwhile by another process: keep theirs
