@@ -34,9 +34,14 @@ def fmt(v, spec: str = ".2f", unit: str = "") -> str:
     return "\u2013" if v is None else f"{v:{spec}}{unit}"
 
 
+def advise_at(record: dict, temp: float) -> dict | None:
+    """advise's ranking record at this temperature, if it ranked there."""
+    return next((r for r in record.get("advise", []) if r["sampling"]["temperature"] == temp), None)
+
+
 def advise_row(record: dict, temp: float, draft: str | None, target: str) -> dict | None:
     """advise's ranking entry for this (draft, target) at this temperature (draft None: plain)."""
-    rank = next((r for r in record.get("advise", []) if r["sampling"]["temperature"] == temp), None)
+    rank = advise_at(record, temp)
     if rank is None:
         return None
     tb, tp = ADVISE_LABELS[target]
@@ -156,7 +161,7 @@ def headline(record: dict) -> list[str]:
         temp, t = m["temperature"], m["target"]
         rows = [r for r in m["results"] if r["tokens_per_second"]]
         top = max(rows, key=lambda r: med(r["tokens_per_second"]))
-        rank = next((r for r in record.get("advise", []) if r["sampling"]["temperature"] == temp), None)
+        rank = advise_at(record, temp)
         tb, tp = ADVISE_LABELS[t]
         first = next((e for e in (rank or {}).get("ranking", [])
                       if (e["target"], e["target_dtype"]) == (tb, tp)), None)
@@ -265,7 +270,7 @@ def causes(record: dict) -> dict[tuple[str, str, float], dict[str, float]]:
     out: dict[tuple[str, str, float], dict[str, list[float]]] = {}
     for m in record["measured"]:
         temp = m["temperature"]
-        rank = next((r for r in record.get("advise", []) if r["sampling"]["temperature"] == temp), None)
+        rank = advise_at(record, temp)
         if rank is None:
             continue
         tb, tp = ADVISE_LABELS[m["target"]]
@@ -296,10 +301,11 @@ def causes(record: dict) -> dict[tuple[str, str, float], dict[str, float]]:
                 if t_draft and x["n_drafted"]:
                     got.setdefault("draft", []).append((x["t_draft"] - prefill) / x["n_drafted"] / t_draft)
             acc = out.setdefault((r["draft"], m["target"], temp), {})
-            acc.setdefault("speed", []).append(med(r["tokens_per_second"]) / predicted(e, k))
             for name, v in got.items():
                 acc.setdefault(name, []).append(median(v))
-    return {key: {name: median(v) for name, v in d.items()} for key, d in out.items()}
+    speed = accuracy_by_configuration(record)
+    return {key: {"speed": median(speed[key]), **{name: median(v) for name, v in d.items()}}
+            for key, d in out.items()}
 
 
 def causes_table(record: dict) -> list[str]:
