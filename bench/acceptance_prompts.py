@@ -1,5 +1,5 @@
 """Does advise's acceptance depend on the prompts it measures on? Teacher-forced tokens per target
-pass (``specmac.advise_rank``) on advise's default prompts and on the anatomy's prompts, beside
+pass (``specmac.advise.rank``) on advise's default prompts and on the anatomy's prompts, beside
 what the anatomy's speculative runs measured on the Q4_K_M target.
 
     python bench/acceptance_prompts.py [--models-dir DIR] [--out results/anatomy]
@@ -19,10 +19,10 @@ from pathlib import Path
 
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
-from specmac.advise_rank import rank_configurations
-from specmac.prompts import advise_prompts, read_prompts
-from specmac.results import provenance, write_json
-from specmac.sampling import SamplingParams
+from specmac.advise.rank import rank_configurations
+from specmac.compare.results import provenance, write_json
+from specmac.core.prompts import advise_prompts, read_prompts
+from specmac.core.sampling import SamplingParams
 
 HERE = Path(__file__).resolve().parent
 

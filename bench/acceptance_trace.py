@@ -20,11 +20,11 @@ from pathlib import Path
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.api import Pair
-from specmac.drafters import NoDraft
+from specmac.compare.results import model_files, provenance, write_json
+from specmac.core.drafters import NoDraft
+from specmac.core.prompts import default_prompts
+from specmac.core.sampling import SamplingParams
 from specmac.probes import probe_parallelism
-from specmac.prompts import default_prompts
-from specmac.results import model_files, provenance, write_json
-from specmac.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
 CODE_PROMPTS = ["import numpy as np\n\n\ndef normalize(x):\n    \"\"\"Scale x to unit length.\"\"\"\n",

@@ -3,7 +3,7 @@
 For each pairing: `advise` (measured T_draft(1), the target's T(n) curve, acceptance from runs
 on the same prompts and lengths) predicts S(K) for K = 1..16; then target-only decoding and
 speculative decoding at several fixed K and at K = auto are timed on those prompts (greedy, so every
-method emits the same tokens) by ``specmac.compare.measure``: a discarded warm-up run of each
+method emits the same tokens) by ``specmac.compare.measure.measure``: a discarded warm-up run of each
 method, then `repeats` rounds in which every method decodes every prompt once, interleaved. Per
 method and round the prompts' tokens and seconds are summed into one tokens/s; measured speedup =
 median over rounds of the method / median of target-only (time inside the loop: draft + verify +
@@ -28,10 +28,10 @@ from pathlib import Path
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac import assets
-from specmac.advise import advise
+from specmac.advise.shortrun import advise
 from specmac.api import Pair
 from specmac.backends import missing_requirements
-from specmac.compare import (
+from specmac.compare.measure import (
     BASELINE,
     Config,
     Loaded,
@@ -43,11 +43,11 @@ from specmac.compare import (
     measure,
     spread,
 )
-from specmac.policy import AdaptiveK, KPolicy
-from specmac.prompts import advise_prompts
-from specmac.replay import replay_greedy
-from specmac.results import model_files, plot_speedup, provenance, write_json
-from specmac.sampling import SamplingParams
+from specmac.compare.results import model_files, plot_speedup, provenance, write_json
+from specmac.core.policy import AdaptiveK, KPolicy
+from specmac.core.prompts import advise_prompts
+from specmac.core.replay import replay_greedy
+from specmac.core.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "advise"
@@ -243,7 +243,7 @@ def replay_section(lengths=(64, 128, 256)) -> str:
     lines = ["", "## Replay: `--k auto` vs every fixed K on one text", "",
              f"`{TRACE.relative_to(REPO)}` (bench/acceptance_trace.py) holds where Qwen2.5-Coder-0.5B's "
              "greedy guess agrees with the 1.5B target's own greedy text, for five prompts, and the "
-             "measured pass costs. `specmac.replay.replay_greedy` replays any policy on it, so every "
+             "measured pass costs. `specmac.core.replay.replay_greedy` replays any policy on it, so every "
              "policy decodes the same text (the timed runs above cannot promise that on Q4_K_M). "
              "auto / best = tokens/s of AdaptiveK / that of the best fixed K for that prompt and length, "
              "K = 0 (target only) included; one thread per model. tests/test_adaptive_replay.py holds "

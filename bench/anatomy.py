@@ -5,7 +5,7 @@
 Draft/target configurations across backends and precisions (gguf Q4_K_M and F16, torch fp32 and
 bf16 targets; gguf, torch, mlx and n-gram drafts), each at K = 1..8 and K = auto and at T = 0 and
 T = 1, on the prompts of bench/data/anatomy_prompts.json (code and prose; not the prompts advise
-calibrates on). Per target every configuration is measured side by side by specmac.compare
+calibrates on). Per target every configuration is measured side by side by specmac.compare.measure
 (interleaved rounds, each run paired with the target-only run of the same prompt and round), then
 the peers on that target in alternation with their own plain decoding: HF assisted generation
 (transformers ``assistant_model``) on torch targets, llama-cpp-python's prompt-lookup decoding on
@@ -26,17 +26,17 @@ from pathlib import Path
 from llamacpp_peer import ENV, EXAMPLE, find_example, speculative_peer
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
-from specmac.advise_rank import rank_configurations
+from specmac.advise.rank import rank_configurations
 from specmac.api import Pair
 from specmac.backends import load_backend, missing_requirements
-from specmac.calibration import pass_costs
-from specmac.compare import Config, Loaded, PairSpec, Settings, aggregate, measure
-from specmac.drafters import Drafter, ModelDrafter, NgramDrafter
-from specmac.policy import AdaptiveK, KPolicy
+from specmac.compare.measure import Config, Loaded, PairSpec, Settings, aggregate, measure
+from specmac.compare.results import provenance, write_json
+from specmac.core.calibration import pass_costs
+from specmac.core.drafters import Drafter, ModelDrafter, NgramDrafter
+from specmac.core.policy import AdaptiveK, KPolicy
+from specmac.core.prompts import advise_prompts, read_prompts
+from specmac.core.sampling import SamplingParams
 from specmac.probes import probe_parallelism
-from specmac.prompts import advise_prompts, read_prompts
-from specmac.results import provenance, write_json
-from specmac.sampling import SamplingParams
 
 HERE = Path(__file__).resolve().parent
 AUTO = 0  # a speculative Config with k = 0 stands for K = auto (compare's configurations hold ints)
@@ -248,7 +248,7 @@ def main() -> None:
                     help="add to OUT/results.json: keep its advise rankings and the measured cells of "
                     "other targets and temperatures")
     args = ap.parse_args()
-    from specmac.compare import parse_ks
+    from specmac.compare.measure import parse_ks
 
     args.ks = parse_ks(args.ks)
     args.ks_of = {}

@@ -12,7 +12,7 @@ from statistics import median
 
 import numpy as np
 
-from specmac.results import plot_parallelism, save_figure
+from specmac.compare.results import plot_parallelism, save_figure
 
 DRAFT_NAMES = {"gguf-q4": "gguf Q4_K_M 0.5B", "torch-bf16": "torch bf16 0.5B", "mlx-fp32": "mlx fp32 0.5B",
                "ngram": "n-gram lookup"}

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from specmac.backends import BaseBackend, backend_class, library_version, load_backend
-from specmac.results import model_files, provenance, save_figure, write_json
+from specmac.compare.results import model_files, provenance, save_figure, write_json
 
 FORMAT = "specmac.backend_overhead/2"
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"

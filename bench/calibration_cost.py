@@ -3,7 +3,7 @@
     python bench/calibration_cost.py --out results/anatomy_auto/calibration_cost.json
 
 For each target of bench/anatomy.py with the Q4_K_M 0.5B draft: the seconds the probe of
-specmac.calibration takes (every width 1..17 and the draft's pass: what a pair's first `--k auto`
+specmac.core.calibration takes (every width 1..17 and the draft's pass: what a pair's first `--k auto`
 run pays), the same costs read back from the cache of kept costs (what later runs pay; a cache in
 a temporary folder, not the user's), and T(1), with 64 x T(1) beside it (the passes of 64 tokens
 of plain decoding, not a timed run). The anatomy's auto runs start every run from costs measured
@@ -23,8 +23,8 @@ from anatomy import DRAFTS, TARGETS
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.backends import load_backend
-from specmac.calibration import cached_pass_costs
-from specmac.results import provenance, write_json
+from specmac.compare.results import provenance, write_json
+from specmac.core.calibration import cached_pass_costs
 
 
 def main() -> None:

@@ -3,8 +3,8 @@
     python bench/convert_gguf_to_hf.py ~/.cache/specmac/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
         [~/.cache/specmac/models/qwen2.5-coder-0.5b-instruct-hf] [--dtype float32]
 
-A thin wrapper over ``specmac.backends.convert.gguf_to_hf``, the converter the torch and mlx backends
-use when given a .gguf file (transformers' GGUF loader; `pip install 'specmac[convert]'`): the folder
+A thin wrapper over ``specmac.backends.conversion.convert.gguf_to_hf``, the converter the torch and
+mlx backends use when given a .gguf file (transformers' GGUF loader; `pip install 'specmac[convert]'`): the folder
 is made once in specmac's cache (`specmac models` lists it) and printed. With OUT it is also linked
 there (hard links, or a copy across file systems) for scripts that want a fixed path.
 """
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     args = ap.parse_args()
 
-    from specmac.backends.convert import gguf_to_hf
+    from specmac.backends.conversion.convert import gguf_to_hf
 
     folder, meta = gguf_to_hf(args.gguf, args.dtype)
     print(f"{folder}  (from {meta['source']}, sha256 {meta['source_sha256']})")

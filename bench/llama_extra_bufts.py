@@ -24,7 +24,7 @@ import numpy as np
 from models import QWEN_15B_GGUF, add_models_dir
 
 from specmac.backends.gguf import GGUFBackend, extra_bufts_safe, requantize
-from specmac.results import provenance, write_json
+from specmac.compare.results import provenance, write_json
 
 PROMPT = "def quicksort(xs):\n    if len(xs) <= 1:\n        return xs\n    pivot = xs[0]\n"
 

@@ -27,7 +27,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from specmac.sampling import SamplingParams
+from specmac.core.sampling import SamplingParams
 
 ENV = "SPECMAC_LLAMA_CPP_BIN"
 EXAMPLE = "llama-speculative-simple"

@@ -7,7 +7,7 @@ Default pairings: Qwen2.5-Coder 0.5B -> 1.5B Q4_K_M (../shared/models/materializ
 gguf -> gguf and gguf draft -> torch bf16 target (the 1.5B GGUF file dequantised to bf16 by the torch
 backend's conversion cache; bf16 rather than fp32 because its plain decoding is twice as fast here).
 Settings: T = 1, and T = 1 with top-k 40 and top-p 0.9. For each pairing x setting the harness of
-``specmac.proof`` (fixed-length continuations, per-position / neighbour-pair / first-3 chi-squares
+``specmac.lossless.harness`` (fixed-length continuations, per-position / neighbour-pair / first-3 chi-squares
 per context, Holm-adjusted; greedy diagnosis at T = 0) runs with --tokens per method. Each result
 replaces the one of the same pairing and setting in OUT/results.json (the others stay, with their
 own provenance and command) and OUT/README.md is rewritten from all of them, after every run.
@@ -25,10 +25,10 @@ from pathlib import Path
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.api import Pair
-from specmac.proof import two_sample_check
-from specmac.proof_greedy import summary
-from specmac.results import provenance, write_json
-from specmac.sampling import SamplingParams
+from specmac.compare.results import provenance, write_json
+from specmac.core.sampling import SamplingParams
+from specmac.lossless.greedy import summary
+from specmac.lossless.harness import two_sample_check
 
 SETTINGS = {"T=1": SamplingParams(1.0), "T=1 top-k 40 top-p 0.9": SamplingParams(1.0, top_k=40, top_p=0.9)}
 
@@ -87,7 +87,8 @@ def previous(path: Path) -> list[dict]:
 
 def readme(results: list[dict]) -> str:
     lines = ["# Losslessness on a real pair (level 3)", "",
-             "Speculative vs target-only continuations of fixed contexts, from `specmac.proof` (the "
+             "Speculative vs target-only continuations of fixed contexts, from "
+             "`specmac.lossless.harness` (the "
              "harness of `specmac verify`); p is Holm-adjusted over the family of tests (each "
              "position, each two neighbouring positions, the first 3 tokens; chi2/dof are those of "
              "the decisive test). Min TV: the smallest shift in the distribution of the token at one "

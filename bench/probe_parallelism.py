@@ -28,7 +28,7 @@ from models import QWEN_15B_GGUF, QWEN_15B_HF, add_models_dir
 
 from specmac import assets
 from specmac.backends import missing_requirements
-from specmac.results import plot_parallelism, sha256_file, write_json
+from specmac.compare.results import plot_parallelism, sha256_file, write_json
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "probes"
 # quantized with llama.cpp's own quantizer (llama_model_quantize) when missing; timing is what the

@@ -6,7 +6,7 @@ Models (bench/models.py: $SPECMAC_MODELS, default ~/.cache/specmac/models):
 ../shared/models/materialize.sh DIR qwen (official GGUF files, SHA-256 checked) and, for the mlx and
 torch drafts, bench/convert_gguf_to_hf.py of the 0.5B file into DIR/qwen2.5-coder-0.5b-instruct-hf.
 For each draft backend: the vocabulary check, then speculative decoding at K = --k and
-target-only decoding of the same target, at T = 0 and T = 1, measured by ``specmac.compare``
+target-only decoding of the same target, at T = 0 and T = 1, measured by ``specmac.compare.measure``
 (a discarded warm-up run each, then rounds of prompt x repeat in which the two alternate, so drift
 hits both alike). Per temperature: median acceptance and tokens per target pass over the runs
 (one run = one prompt, one repeat), median and range of tokens/s, speedup = median tokens/s of
@@ -25,10 +25,10 @@ from pathlib import Path
 from models import QWEN_05B_GGUF, QWEN_05B_HF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.backends import load_backend
-from specmac.compare import BASELINE, Config, Loaded, PairSpec, Settings, aggregate, measure
-from specmac.drafters import load_drafter
-from specmac.results import provenance, write_json
-from specmac.sampling import SamplingParams
+from specmac.compare.measure import BASELINE, Config, Loaded, PairSpec, Settings, aggregate, measure
+from specmac.compare.results import provenance, write_json
+from specmac.core.drafters import load_drafter
+from specmac.core.sampling import SamplingParams
 
 PROMPTS = ["def quicksort(xs):", "# Read a CSV file and print the mean of each column\nimport csv\n"]
 

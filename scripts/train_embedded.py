@@ -305,9 +305,9 @@ def export_hf(role, tok, work):
 
 
 def export_gguf_f16(role, hf_dir: Path, path: Path):
-    """F16 GGUF of the HF folder, written by the package's writer (specmac.backends.hf_to_gguf,
+    """F16 GGUF of the HF folder, written by the package's writer (specmac.backends.conversion.hf_to_gguf,
     which tests/test_convert.py checks byte for byte against the shipped files)."""
-    from specmac.backends.hf_to_gguf import write_gguf
+    from specmac.backends.conversion.hf_to_gguf import write_gguf
 
     return write_gguf(hf_dir, path, name=f"specmac-embedded-{role}",
                       description="specmac embedded tiny model trained on CPython 3.11 stdlib sources",
@@ -490,7 +490,7 @@ def core_acceptance(threads, n_new=64):
     try:
         sys.path.insert(0, str(REPO))
         from specmac.api import Pair
-        from specmac.sampling import SamplingParams
+        from specmac.core.sampling import SamplingParams
 
         opts = {"device": "cpu", "dtype": "float32", "n_threads": threads}
         pair = Pair.load("torch", "torch", target_model=str(ASSETS / "target"),

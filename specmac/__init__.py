@@ -5,8 +5,8 @@ Importing specmac imports no ML framework; backends load their framework on firs
 
 from specmac.api import Generation, Pair, generate, stream
 from specmac.backends import BaseBackend, load_backend, registry
+from specmac.core.sampling import SamplingParams
 from specmac.errors import SpecmacError
-from specmac.sampling import SamplingParams
 
 __version__ = "0.1.0"
 

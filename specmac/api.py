@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 
 from specmac.backends import BaseBackend, load_backend
-from specmac.drafters import Drafter, NoDraft, check_draft_args, load_drafter
+from specmac.core.drafters import Drafter, NoDraft, check_draft_args, load_drafter
+from specmac.core.loop import Event, speculative_steps
+from specmac.core.policy import FixedK, KPolicy
+from specmac.core.rejection import VerifyRule
+from specmac.core.runstats import RunStats
+from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption
-from specmac.loop import Event, speculative_steps
-from specmac.policy import FixedK, KPolicy
-from specmac.rejection import VerifyRule
-from specmac.runstats import RunStats
-from specmac.sampling import SamplingParams
 
 MAX_TOKENS = 128  # tokens a run writes unless told otherwise
 K_MAX = 256  # drafts per step: beyond this no draft's acceptance pays, and the per-position stats grow
@@ -68,12 +68,12 @@ class Pair:
 
     def policy(self, k: int | str | KPolicy = 4, max_tokens: int | None = None) -> KPolicy:
         """The K policy that ``k`` names: an integer >= 1 (FixedK), "auto" (AdaptiveK started from
-        this pair's measured costs, see specmac.calibration; ``max_tokens``, the run's length,
+        this pair's measured costs, see specmac.core.calibration; ``max_tokens``, the run's length,
         sizes its exploration budget from the first step) or a policy object, returned as is."""
         if isinstance(k, KPolicy):
             return k
         if check_k(k) == "auto":
-            from specmac.calibration import adaptive_policy
+            from specmac.core.calibration import adaptive_policy
 
             return adaptive_policy(self.target, self.drafter.backend, horizon=max_tokens)
         return FixedK(int(k))

@@ -14,9 +14,9 @@ import numpy as np
 
 from specmac.api import Pair
 from specmac.backends.synthetic import SyntheticBackend
-from specmac.chisquare import goodness_of_fit, holm
-from specmac.drafters import ModelDrafter
-from specmac.sampling import warp
+from specmac.core.drafters import ModelDrafter
+from specmac.core.sampling import warp
+from specmac.lossless.chisquare import goodness_of_fit, holm
 
 END = "end"
 L = 10  # tokens per sequence: K up to 8 plus a bonus token and one more

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specmac.loop import Event
-from specmac.policy import AdaptiveK
-from specmac.replay import replay_greedy
+from specmac.core.loop import Event
+from specmac.core.policy import AdaptiveK
+from specmac.core.replay import replay_greedy
 
 DATA = json.loads((Path(__file__).parent / "data" / "qwen_greedy_acceptance.json").read_text())
 T_PASS = np.array(DATA["target_pass_ms"]) / 1e3
@@ -30,7 +30,7 @@ def replay(match: str, policy, n_tokens: int) -> float:
 
 def auto() -> AdaptiveK:
     policy = AdaptiveK()
-    policy.set_costs(T_PASS, T_D1)  # what specmac.calibration measures
+    policy.set_costs(T_PASS, T_D1)  # what specmac.core.calibration measures
     return policy
 
 

@@ -228,7 +228,7 @@ def test_debug_shows_the_traceback_of_a_user_error():
 
 
 def test_unexpected_error_keeps_its_traceback():
-    boom = ("import specmac.cli_render as r\n"
+    boom = ("import specmac.cli.render as r\n"
             "def run(*a, **k): raise RuntimeError('a bug, not a user error')\n"
             "r.run = run\nfrom specmac.cli import main\nmain(prog_name='specmac')")
     r = subprocess.run([sys.executable, "-c", boom, "run", *PAIR, "hi"], capture_output=True, text=True,
@@ -363,7 +363,7 @@ _TIE = {"match": False, "first_difference": 6, "top2_gap": 0.01, "batched_vs_ser
     (_res(greedy_agreement=0.5, greedy_mismatches=[_TIE]), "PASS"),
     (_res(greedy_agreement=0.5, greedy_mismatches=[_TIE | {"near_tie": False, "top2_gap": 2.0}]), "FAIL")])
 def test_verdict_branches(res, head):
-    from specmac.cli_render import verdict
+    from specmac.cli.render import verdict
 
     text = verdict(res)
     assert text.startswith(head)
@@ -371,7 +371,7 @@ def test_verdict_branches(res, head):
 
 
 def test_verdict_explains_greedy_disagreement_and_few_categories():
-    from specmac.cli_render import verdict
+    from specmac.cli.render import verdict
 
     text = verdict(_res(greedy_agreement=0.5, dof=4, n_categories=5, greedy_mismatches=[_TIE]))
     assert "Greedy, context 1: part at token 7: near-tie flip" in text and "Only 5 categories" in text
@@ -422,7 +422,7 @@ def _stream(pieces: list[bytes], strip_leading_space: bool = False):
     """A TextStream over a toy tokenizer whose token i is pieces[i] (UTF-8 may split across tokens)."""
     import io
 
-    from specmac.cli_render import TextStream
+    from specmac.cli.render import TextStream
 
     def decode(ids):
         text = b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from specmac import compare as cmp
-from specmac import report
 from specmac.cli import main
+from specmac.compare import measure as cmp
+from specmac.compare import report
+from specmac.core.prompts import read_prompts
+from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption, VocabMismatch
-from specmac.prompts import read_prompts
-from specmac.sampling import SamplingParams
 from tests.conftest import skip_unless_installed
 
 SYN = ["--opt", "synthetic:latency_ms=1", "--draft-opt", "synthetic:latency_ms=0.2"]

@@ -10,9 +10,9 @@ import pytest
 
 from specmac.api import Pair
 from specmac.backends import load_backend
-from specmac.drafters import ModelDrafter, NoDraft
+from specmac.core.drafters import ModelDrafter, NoDraft
+from specmac.core.sampling import SamplingParams
 from specmac.errors import VocabMismatch
-from specmac.sampling import SamplingParams
 from tests.conftest import skip_unless_installed
 
 ALL = ("synthetic", "mlx", "gguf", "torch")

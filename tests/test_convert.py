@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from specmac import assets
-from specmac.backends import cache
+from specmac.backends.conversion import cache
+from specmac.compare.results import model_files, model_fingerprints, sha256_file
 from specmac.errors import ModelNotFound
-from specmac.results import model_files, model_fingerprints, sha256_file
 from tests.conftest import skip_unless_installed
 
 HAS_GGUF_PY = importlib.util.find_spec("gguf") is not None
@@ -39,7 +39,7 @@ def own_cache(tmp_path, monkeypatch):
 @needs_gguf_py
 @pytest.mark.parametrize("role", ["draft", "target"])
 def test_writer_reproduces_the_shipped_f16_gguf_byte_for_byte(role, tmp_path):
-    from specmac.backends.hf_to_gguf import write_gguf
+    from specmac.backends.conversion.hf_to_gguf import write_gguf
 
     out = write_gguf(assets.hf_dir(role), tmp_path / "m.gguf", name=f"specmac-embedded-{role}",
                      **EMBEDDED_META)
@@ -48,7 +48,7 @@ def test_writer_reproduces_the_shipped_f16_gguf_byte_for_byte(role, tmp_path):
 
 @needs_gguf_py
 def test_writer_refuses_an_architecture_it_cannot_map(tmp_path):
-    from specmac.backends.hf_to_gguf import write_gguf
+    from specmac.backends.conversion.hf_to_gguf import write_gguf
 
     folder = tmp_path / "m"
     folder.mkdir()

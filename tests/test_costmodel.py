@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from specmac.api import Pair
-from specmac.calibration import adaptive_policy
-from specmac.costs import (
+from specmac.core.calibration import adaptive_policy
+from specmac.core.costs import (
     acceptance_from_stats,
     best_k,
     expected_tokens,
@@ -16,10 +16,10 @@ from specmac.costs import (
     speedup_table,
     why_not,
 )
-from specmac.loop import Event
-from specmac.policy import AdaptiveK
-from specmac.runstats import RunStats
-from specmac.sampling import SamplingParams
+from specmac.core.loop import Event
+from specmac.core.policy import AdaptiveK
+from specmac.core.runstats import RunStats
+from specmac.core.sampling import SamplingParams
 
 
 def brute_expected(alpha: float, k: int) -> float:
@@ -107,7 +107,7 @@ def test_acceptance_from_stats_is_geometric_mle():
 
 
 def test_posterior_moments_are_exact():
-    from specmac.costs import posterior_moments
+    from specmac.core.costs import posterior_moments
 
     # Beta(1, 1): E[alpha^j] = 1 / (j + 1), so E(K) is the harmonic number H_{K+1}
     m = posterior_moments(1.0, 1.0, 8)
@@ -203,7 +203,7 @@ def test_reasons_blame_each_cost_alone_first():
 
 
 def test_draft_catch_up_pass():
-    from specmac.costs import draft_passes
+    from specmac.core.costs import draft_passes
 
     assert draft_passes(0.5, 2) == 2.0
     assert draft_passes(0.5, 2, catch_up=True) == pytest.approx(2.25)
@@ -258,7 +258,7 @@ def test_calibrated_policy_starts_from_measured_costs():
 
 
 def test_replay_greedy_by_hand():
-    from specmac.replay import replay_greedy
+    from specmac.core.replay import replay_greedy
 
     t = [1.0, 2.0, 3.0]  # T(1), T(2), T(3)
     # K = 2 on "110111": keep 2 + bonus (0.1 + 0.1 draft, T(3)), then after that full acceptance
@@ -297,7 +297,7 @@ def test_policy_stops_drafting_when_nothing_pays_and_tries_again_later():
 def test_pass_costs_takes_the_median_of_sweeps(monkeypatch):
     """advise times every width in 3 sweeps: one preempted pass does not make its width look slow
     (with one sweep, as before k="auto"'s first token, it does)."""
-    from specmac import calibration
+    from specmac.core import calibration
 
     target = Pair.load("synthetic").target
 
@@ -434,7 +434,7 @@ def test_pass_costs_are_kept_between_runs(monkeypatch, tmp_path):
     only the keeping."""
     import json
 
-    from specmac import calibration
+    from specmac.core import calibration
 
     monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "cache"))
     calls = []

@@ -89,9 +89,9 @@ def records(root: Path) -> dict[str, str]:
     """compare records (results.json) broken one field at a time, from a real synthetic run."""
     import json
 
-    from specmac import compare as cmp
-    from specmac.prompts import read_prompts
-    from specmac.sampling import SamplingParams
+    from specmac.compare import measure as cmp
+    from specmac.core.prompts import read_prompts
+    from specmac.core.sampling import SamplingParams
 
     settings = cmp.Settings(pairs=cmp.parse_pairs(["synthetic:synthetic"]), ks=[1, 2],
                             prompts=read_prompts(None, 2), params=SamplingParams(0.0), max_tokens=8,
@@ -271,7 +271,7 @@ def test_api_refuses_bad_backend_options(opts, needle):
 
 
 def test_compare_k_range_refused_before_it_is_built():
-    from specmac.compare import parse_ks
+    from specmac.compare.measure import parse_ks
     from specmac.errors import BadOption
 
     assert parse_ks("1-4,8") == [1, 2, 3, 4, 8]
@@ -290,7 +290,7 @@ def test_compare_k_range_refused_before_it_is_built():
     ("[synthetic]\noptions = { n_ctx = [1] }\n", "options.n_ctx = [1] is not a string, number or boolean"),
 ])
 def test_compare_config_values_named(tmp_path, toml, needle):
-    from specmac import compare as cmp
+    from specmac.compare import measure as cmp
     from specmac.errors import BadOption
 
     path = tmp_path / "c.toml"
@@ -312,8 +312,8 @@ def re_escape(text: str) -> str:
     ("[synthetic]\noptions = { n_ctx = 1.5 }\n", "n_ctx=1.5 is a float, not an integer"),
 ])
 def test_compare_config_option_types_checked_by_the_backend(tmp_path, toml, needle):
-    from specmac import compare as cmp
     from specmac.backends import backend_class
+    from specmac.compare import measure as cmp
     from specmac.errors import BadOption
 
     path = tmp_path / "c.toml"
@@ -324,9 +324,9 @@ def test_compare_config_option_types_checked_by_the_backend(tmp_path, toml, need
 
 
 def test_config_and_prompts_not_utf8(tmp_path):
-    from specmac import compare as cmp
+    from specmac.compare import measure as cmp
+    from specmac.core.prompts import read_prompts
     from specmac.errors import BadOption
-    from specmac.prompts import read_prompts
 
     bad = tmp_path / "c.toml"
     bad.write_bytes(b"[synthetic]\noptions = { seed = 1 } # \xff\n")
@@ -341,8 +341,8 @@ def test_config_and_prompts_not_utf8(tmp_path):
 def test_duplicate_prompt_ids_refused(tmp_path):
     import json
 
+    from specmac.core.prompts import read_prompts
     from specmac.errors import BadOption
-    from specmac.prompts import read_prompts
 
     path = tmp_path / "p.json"
     path.write_text(json.dumps([{"id": "a", "text": "x"}, {"id": "b", "text": "y"},
@@ -392,7 +392,7 @@ def test_backends_lists_broken_plugins(plugins):
 
 def test_default_compare_skips_broken_plugins(plugins):
     from specmac.backends import BUILTINS, available
-    from specmac.compare import parse_pairs
+    from specmac.compare.measure import parse_pairs
 
     if not any(available(n) for n in BUILTINS if n != "synthetic"):
         pytest.skip("no model backend is installed here, so the default compare has no pairs")
@@ -434,7 +434,7 @@ def test_closed_stdout_ends_quietly(tmp_path):
 
 
 def test_term_dumb_means_no_colour(monkeypatch):
-    from specmac.cli import use_color
+    from specmac.cli.app import use_color
 
     monkeypatch.setattr(sys, "stdout", type("Tty", (), {"isatty": lambda self: True})())
     monkeypatch.delenv("NO_COLOR", raising=False)

@@ -16,11 +16,11 @@ from scipy import stats as sstats
 
 from specmac.api import Pair
 from specmac.backends.synthetic import SyntheticBackend
-from specmac.calibration import adaptive_policy
-from specmac.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft
-from specmac.policy import AdaptiveK
-from specmac.rejection import acceptance_probability, residual
-from specmac.sampling import SamplingParams, sample, warp
+from specmac.core.calibration import adaptive_policy
+from specmac.core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft
+from specmac.core.policy import AdaptiveK
+from specmac.core.rejection import acceptance_probability, residual
+from specmac.core.sampling import SamplingParams, sample, warp
 
 
 def test_exact_distributions_sum_to_one_and_agree():

@@ -19,16 +19,16 @@ from exact import level2, synthetic_pair
 
 from specmac.api import Pair
 from specmac.backends.synthetic import SyntheticBackend
-from specmac.drafters import ModelDrafter
-from specmac.proof import (
+from specmac.core.drafters import ModelDrafter
+from specmac.core.rejection import acceptance_probability, residual, verify_sampled
+from specmac.core.sampling import SamplingParams, sample, warp
+from specmac.lossless.harness import (
     DEFAULT_CONTEXTS,
     DEFAULT_TOKENS,
     compare_samples,
     default_length,
     sample_continuations,
 )
-from specmac.rejection import acceptance_probability, residual, verify_sampled
-from specmac.sampling import SamplingParams, sample, warp
 
 T1 = SamplingParams(1.0)
 REJECT = 1e-4  # a mutant must be rejected at least this clearly

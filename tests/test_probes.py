@@ -12,9 +12,10 @@ from click.testing import CliRunner
 from specmac.backends import load_backend, missing_requirements
 from specmac.backends.synthetic import SyntheticBackend
 from specmac.cli import main
+from specmac.compare.results import plot_parallelism, plot_speedup, provenance, sha256_file, write_json
+from specmac.core.timing import time_single
 from specmac.errors import BadOption, ModelNotFound
-from specmac.probes import SerialBackend, probe_parallelism, time_single, verdict
-from specmac.results import plot_parallelism, plot_speedup, provenance, sha256_file, write_json
+from specmac.probes import SerialBackend, probe_parallelism, verdict
 
 ALL = ("synthetic", "mlx", "gguf", "torch")
 PROBE_KEYS = {"backend", "model", "n", "batched_ms", "serial_ms", "beta", "verdict",
@@ -53,7 +54,7 @@ class VirtualClock(SyntheticBackend):
 @pytest.mark.parametrize("beta,expected", [(0.0, "parallel"), (0.1, "parallel"), (0.3, "partly serial"),
                                            (0.7, "partly serial"), (0.8, "serial"), (1.0, "serial")])
 def test_probe_fit_recovers_beta_exactly(beta, expected, monkeypatch):
-    monkeypatch.setattr("specmac.timing.time.perf_counter", lambda: VirtualClock.now)
+    monkeypatch.setattr("specmac.core.timing.time.perf_counter", lambda: VirtualClock.now)
     r = probe_parallelism(VirtualClock(latency_ms=4.0, beta=beta), n_max=12, context=8, repeats=2)
     assert r["beta"] == pytest.approx(beta, abs=1e-9)
     assert r["t1_ms"] == pytest.approx(4.0, rel=1e-9)

@@ -46,7 +46,7 @@ def _toml(value) -> str:
                                                         "draft_model", "colour"]), TOML_VALUES, max_size=3),
                        max_size=2))
 def test_compare_config_reader(tmp_path, config):
-    from specmac import compare as cmp
+    from specmac.compare import measure as cmp
 
     text = "".join(f"[{json.dumps(name)}]\n"
                    + "".join(f"{json.dumps(k)} = {_toml(v)}\n" for k, v in t.items())
@@ -65,7 +65,7 @@ def test_compare_config_reader(tmp_path, config):
 @FAST
 @given(st.binary(max_size=200))
 def test_config_reader_on_any_bytes(tmp_path, data):
-    from specmac import compare as cmp
+    from specmac.compare import measure as cmp
 
     path = tmp_path / "c.toml"
     path.write_bytes(data)
@@ -78,7 +78,7 @@ def test_config_reader_on_any_bytes(tmp_path, data):
 @FAST
 @given(st.one_of(JSON.map(json.dumps).map(str.encode), st.binary(max_size=200)), st.booleans())
 def test_prompts_reader(tmp_path, data, as_json):
-    from specmac.prompts import read_prompts
+    from specmac.core.prompts import read_prompts
 
     path = tmp_path / ("p.json" if as_json else "p.txt")
     path.write_bytes(data)
@@ -93,9 +93,9 @@ def test_prompts_reader(tmp_path, data, as_json):
 
 @pytest.fixture(scope="module")
 def good_record() -> dict:
-    from specmac import compare as cmp
-    from specmac.prompts import read_prompts
-    from specmac.sampling import SamplingParams
+    from specmac.compare import measure as cmp
+    from specmac.core.prompts import read_prompts
+    from specmac.core.sampling import SamplingParams
 
     settings_ = cmp.Settings(pairs=cmp.parse_pairs(["synthetic:synthetic"]), ks=[1, 2],
                              prompts=read_prompts(None, 2), params=SamplingParams(0.0), max_tokens=6,
@@ -116,7 +116,7 @@ def _paths(obj, prefix=()):
 def test_results_reader(tmp_path_factory, good_record, data):
     """One field of a real record removed or replaced: report refuses it with BadOption (and has
     written nothing), or renders every output."""
-    from specmac import report
+    from specmac.compare import report
 
     record = json.loads(json.dumps(good_record))
     paths = [p for p, _ in _paths(record) if p and p[0] not in ("provenance", "runs")]

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from specmac.core.sampling import SamplingParams, WarpedRows, sample, warp
 from specmac.errors import BadOption
-from specmac.sampling import SamplingParams, WarpedRows, sample, warp
 
 
 def softmax(x):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats as sstats
 
-from specmac.chisquare import goodness_of_fit, min_detectable_tv, two_sample
+from specmac.lossless.chisquare import goodness_of_fit, min_detectable_tv, two_sample
 
 
 def test_two_sample_matches_scipy_contingency():
@@ -45,14 +45,14 @@ def test_min_detectable_tv_has_the_power_it_claims():
 
 
 def test_import_specmac_imports_no_ml_framework():
-    code = ("import specmac, specmac.cli, sys; "
+    code = ("import specmac, specmac.cli.app, sys; "
             "print(sorted(m for m in ('torch','mlx','llama_cpp','transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_holm_matches_its_definition():
-    from specmac.chisquare import holm
+    from specmac.lossless.chisquare import holm
 
     p = [0.01, 0.04, 0.03, 0.5]
     # sorted 0.01, 0.03, 0.04, 0.5 -> 4*0.01, max(., 3*0.03), max(., 2*0.04), max(., 0.5)
@@ -62,7 +62,7 @@ def test_holm_matches_its_definition():
 
 
 def test_combine_adds_independent_tests():
-    from specmac.chisquare import ChiSquare, combine
+    from specmac.lossless.chisquare import ChiSquare, combine
 
     c = combine([ChiSquare(3.0, 2, 0.2, 3), ChiSquare(5.0, 4, 0.3, 5)])
     assert (c.chi2, c.dof, c.n_categories) == (8.0, 6, 8)
@@ -72,7 +72,7 @@ def test_combine_adds_independent_tests():
 def test_min_detectable_tv_per_group_has_its_power_at_a_family_level():
     """verify's claim: a TV shift in one of 6 groups (the others equal), tested as the sum over
     groups at level 0.05 / 20, is caught at least ~80% of the time."""
-    from specmac.chisquare import combine
+    from specmac.lossless.chisquare import combine
 
     rng = np.random.default_rng(3)
     n, groups, level = 1500, 6, 0.05 / 20

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from specmac.rejection import acceptance_probability, residual, verify_greedy, verify_sampled
-from specmac.sampling import SamplingParams, warp
+from specmac.core.rejection import acceptance_probability, residual, verify_greedy, verify_sampled
+from specmac.core.sampling import SamplingParams, warp
 
 GREEDY = SamplingParams(0.0)
 
@@ -132,7 +132,7 @@ def test_greedy_rule_on_logits_equals_on_probabilities():
 # --- the greedy diagnosis of `specmac verify` (level 3's greedy half) -------------------------
 
 def test_first_difference():
-    from specmac.proof_greedy import first_difference
+    from specmac.lossless.greedy import first_difference
 
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
@@ -142,7 +142,7 @@ def test_first_difference():
 def _pair(target_cls, **kw):
     from specmac.api import Pair
     from specmac.backends.synthetic import SyntheticBackend
-    from specmac.drafters import ModelDrafter
+    from specmac.core.drafters import ModelDrafter
 
     opts = {"vocab_size": 40, "seed": 2, "eos_bias": -8.0}
     return Pair(target_cls(role="target", **opts, **kw), ModelDrafter(SyntheticBackend(role="draft", **opts)))
@@ -150,7 +150,7 @@ def _pair(target_cls, **kw):
 
 def test_greedy_match_on_a_correct_pair():
     from specmac.backends.synthetic import SyntheticBackend
-    from specmac.proof_greedy import greedy_check
+    from specmac.lossless.greedy import greedy_check
 
     res = greedy_check(_pair(SyntheticBackend), [[1], [5, 6, 7], [30, 2]], k=4, max_tokens=40)
     assert res["greedy_agreement"] == 1.0 and res["greedy_unexplained"] == 0
@@ -161,7 +161,7 @@ def test_a_batched_pass_that_rounds_differently_is_a_near_tie_flip():
     there is at least the target's top-2 gap (it must be, to flip the argmax)."""
     from test_planted_bugs import FaultyBatched
 
-    from specmac.proof_greedy import greedy_check
+    from specmac.lossless.greedy import greedy_check
 
     res = greedy_check(_pair(FaultyBatched, fault=1.0), [[1], [5, 6, 7], [30, 2], [11], [20, 21]],
                        k=4, max_tokens=40)
@@ -175,8 +175,8 @@ def test_a_loop_bug_is_not_a_near_tie():
     """With a rewind off by one, outputs part although batched and serial rows agree: FAIL."""
     from test_planted_bugs import RewindOneShort
 
-    from specmac.cli_render import verdict
-    from specmac.proof_greedy import greedy_check
+    from specmac.cli.render import verdict
+    from specmac.lossless.greedy import greedy_check
 
     res = greedy_check(_pair(RewindOneShort), [[1], [5, 6, 7], [30, 2]], k=4, max_tokens=40)
     assert res["greedy_unexplained"] >= 1
@@ -189,7 +189,7 @@ def test_a_loop_bug_is_not_a_near_tie():
 
 
 def test_compare_greedy_cell_names_near_ties_and_bugs():
-    from specmac.report import greedy_cell
+    from specmac.compare.report import greedy_cell
 
     tie = {"near_tie": True, "first_difference": 11, "prompt": "p1"}
     bug = {"near_tie": False, "first_difference": 2, "prompt": "p2"}

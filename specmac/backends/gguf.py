@@ -19,8 +19,9 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, cache, convert
-from specmac.backends.hf_check import check_folder, check_hub
+from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option
+from specmac.backends.conversion import cache, convert
+from specmac.backends.conversion.hf_check import check_folder, check_hub
 from specmac.errors import BadOption, BadTokens, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
 

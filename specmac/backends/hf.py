@@ -11,7 +11,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from specmac.backends.hf_check import check_folder, check_hub, read_json
+from specmac.backends.conversion.hf_check import check_folder, check_hub, read_json
 from specmac.errors import ModelNotFound
 from specmac.vocab import Vocab
 
@@ -28,7 +28,7 @@ def resolve_model(model: str | None, role: str, dtype: str = "float32") -> str:
 def resolve(model: str | None, role: str, dtype: str = "float32") -> tuple[str, dict | None]:
     """-> (folder or hub id, the conversion's sidecar when the model was a GGUF file, else None)."""
     if model is not None and Path(model).expanduser().is_file():
-        from specmac.backends import convert
+        from specmac.backends.conversion import convert
 
         if convert.is_gguf(model):
             folder, meta = convert.gguf_to_hf(model, dtype)

@@ -1,5 +1,5 @@
 """MLX backend through mlx-lm: Hugging Face safetensors folders (or a GGUF file, converted once to a
-cached folder: specmac.backends.convert) on Apple silicon (Metal) or the CPU.
+cached folder: specmac.backends.conversion.convert) on Apple silicon (Metal) or the CPU.
 
 The KV cache is mlx-lm's prompt cache; rewinding is ``trim_prompt_cache``, checked up front with
 ``can_trim_prompt_cache``. Each backend computes on its own stream, so a draft on the CPU and a

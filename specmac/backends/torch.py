@@ -1,5 +1,5 @@
 """PyTorch via transformers: any causal LM in a Hugging Face folder (safetensors only) or a GGUF file
-(dequantised once to the dtype, cached as a folder: specmac.backends.convert), cpu | mps | cuda.
+(dequantised once to the dtype, cached as a folder: specmac.backends.conversion.convert), cpu | mps | cuda.
 
 The KV cache is a transformers ``DynamicCache``; rewinding crops it. Logits come back as float32
 numpy rows, one per appended token.

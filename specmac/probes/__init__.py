@@ -1,11 +1,9 @@
-"""Probes: measure what decides whether speculation pays on this machine, before a benchmark.
+"""Probes: what decides whether speculation pays on this machine, measured before a benchmark.
 
 ``parallelism`` times a batched ``score`` of n tokens against n one-token calls (and checks that
-both give the same logits); ``time_single`` (specmac.timing) times one-token passes. Both work on
-any ``BaseBackend``, entry-point plugins included. Pure numpy on top of the contract.
+both give the same logits) on any ``BaseBackend``, entry-point plugins included.
 """
 
 from specmac.probes.parallelism import SerialBackend, probe_parallelism, verdict
-from specmac.timing import probe_tokens, time_single
 
-__all__ = ["SerialBackend", "probe_parallelism", "probe_tokens", "time_single", "verdict"]
+__all__ = ["SerialBackend", "probe_parallelism", "verdict"]

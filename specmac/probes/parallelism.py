@@ -30,9 +30,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from specmac.backends import BaseBackend
-from specmac.costs import BETA_PARALLEL, BETA_SERIAL, fit_beta
+from specmac.core.costs import BETA_PARALLEL, BETA_SERIAL, fit_beta
+from specmac.core.timing import check_context, probe_tokens, summary, timed
 from specmac.errors import BadOption
-from specmac.timing import check_context, probe_tokens, summary, timed
 
 NOISY = 0.15  # timings whose IQR is above this fraction of the median are not to be trusted
 

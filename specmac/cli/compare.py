@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from specmac.cli import UserError, emit_json, main, sampling_options, sampling_params
+from specmac.cli.app import UserError, emit_json, main, sampling_options, sampling_params
 
 COMPARE_HELP = """Measure draft/target pairings side by side: every --pair at every K, plus each
 target's own target-only baseline, interleaved in one run, with the cost model's prediction
@@ -88,9 +88,10 @@ def _default_out() -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the results record as JSON.")
 def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt, config_path,
             prompts_path, n_prompts, max_tokens, repeats, warmup_tokens, out_dir, as_json, **kw):
-    from specmac import compare as cmp
-    from specmac import prompts, report
-    from specmac.results import check_output, write_json
+    from specmac.compare import measure as cmp
+    from specmac.compare import report
+    from specmac.compare.results import check_output, write_json
+    from specmac.core import prompts
 
     if max_tokens < 1 or repeats < 1 or warmup_tokens < 1:
         raise UserError("--max-tokens, --repeats and --warmup-tokens must be integers >= 1")
@@ -192,8 +193,8 @@ def _clock(seconds: float) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the headline and the files written as JSON.")
 def report(directory, out_dir, as_json):
     """Re-render summary.md and the plots of a compare run from its results.json (no re-run)."""
-    from specmac import report as rep
-    from specmac.results import check_output
+    from specmac.compare import report as rep
+    from specmac.compare.results import check_output
 
     check_output(out_dir or directory, "out", folder=True)
     record = rep.load_record(directory)

@@ -1,8 +1,8 @@
 """K policies: how many drafts the next step asks for. Costs and events in, K out.
 
 ``FixedK`` always asks for the same K; ``AdaptiveK`` chooses argmax S(K) every step from the cost
-model (``specmac.costs``) with costs measured before the run (``set_costs``: what
-``specmac.calibration`` times for ``k="auto"``) and refined, with acceptance, from the loop's events.
+model (``specmac.core.costs``) with costs measured before the run (``set_costs``: what
+``specmac.core.calibration`` times for ``k="auto"``) and refined, with acceptance, from the loop's events.
 Pure numpy: a policy never touches a model.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from specmac.costs import K_MAX, posterior_moments
+from specmac.core.costs import K_MAX, posterior_moments
 
 
 @runtime_checkable
@@ -54,7 +54,7 @@ class AdaptiveK:
     flipped between K = 2 and 15; see results/advise).
     The curve is a line only where no step of that width was seen: a width seen is predicted from
     its own mean (llama.cpp switches kernels with the batch size, so T(17) can be below T(9)).
-    Given measured costs (``set_costs``; ``specmac.calibration`` times them for ``k="auto"``) it
+    Given measured costs (``set_costs``; ``specmac.core.calibration`` times them for ``k="auto"``) it
     starts calibrated: no step is spent exploring (the steps then add the loop's own overhead
     to that curve). Uncalibrated, a short warm-up visits K = 2, 6 and 16 so the line has a slope
     and the widest pass is known, and every ``explore_every`` steps a neighbour of the current

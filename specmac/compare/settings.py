@@ -9,9 +9,9 @@ from typing import Any
 
 from specmac.api import K_MAX
 from specmac.backends import available, registry
-from specmac.drafters import MODEL_FREE
+from specmac.core.drafters import MODEL_FREE
+from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption
-from specmac.sampling import SamplingParams
 
 BASELINE = "none"  # the "drafter" of a target-only configuration
 BACKEND_KEYS = ("draft_model", "target_model", "options", "draft_options", "target_options")

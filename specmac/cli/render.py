@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator, Sequence
 import click
 
 from specmac.api import Pair
+from specmac.core.loop import Event
+from specmac.core.policy import AdaptiveK, FixedK, KPolicy
+from specmac.core.runstats import RunStats
+from specmac.core.sampling import SamplingParams
 from specmac.errors import BrokenBackend, SpecmacError
-from specmac.loop import Event
-from specmac.policy import AdaptiveK, FixedK, KPolicy
-from specmac.runstats import RunStats
-from specmac.sampling import SamplingParams
 
 LEGEND = {"accepted": "accepted draft", "corrected": "target correction", "bonus": "bonus token"}
 STYLE = {"accepted": "green", "corrected": "red", "bonus": "cyan", "target": None}
@@ -280,7 +280,7 @@ KINDS = ("accepted", "corrected", "bonus", "target")
 
 def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: int, seed: int,
            as_json: bool) -> None:
-    from specmac.proof import two_sample_check
+    from specmac.lossless.harness import two_sample_check
 
     kw = dict(params=params, n_tokens=tokens, k=k, length=length, seed=seed)
     if as_json or not sys.stderr.isatty():
@@ -331,7 +331,7 @@ def verify_table(res: dict) -> list[str]:
 
 def verdict(res: dict) -> str:
     """Plain language: the outcome, what the tests would have caught and what they cannot see."""
-    from specmac.proof_greedy import summary
+    from specmac.lossless.greedy import summary
 
     p, tv, n = res["p_value"], res["min_detectable_tv"], res["positions"]
     bad_greedy = [m for m in res.get("greedy_mismatches", []) if not m.get("near_tie")]

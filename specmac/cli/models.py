@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from specmac.cli import UserError, emit_json, main
+from specmac.cli.app import UserError, emit_json, main
 
 
 def _size(n: float) -> str:
@@ -16,7 +16,7 @@ def _size(n: float) -> str:
 
 
 def _rows() -> list[dict]:
-    from specmac.backends import cache
+    from specmac.backends.conversion import cache
 
     rows = [{"name": entry.name, "path": str(entry), "bytes": cache.entry_bytes(entry),
              "what": meta.get("what"), "source": meta.get("source"),
@@ -36,7 +36,7 @@ def models(ctx, as_json):
     once and reused. With no subcommand, list them."""
     if ctx.invoked_subcommand is not None:
         return
-    from specmac.backends import cache
+    from specmac.backends.conversion import cache
 
     rows = _rows()
     if as_json:
@@ -59,7 +59,7 @@ def models(ctx, as_json):
 def clear(names, clear_all, as_json):
     """Remove entries by NAME (as `specmac models` lists them), or all of them with --all; they
     are made again when next needed."""
-    from specmac.backends import cache
+    from specmac.backends.conversion import cache
 
     if not names and not clear_all:
         raise UserError("say what to remove: entry names (see `specmac models`) or --all")

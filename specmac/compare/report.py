@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specmac.compare import ADVISE_PROMPTS, BASELINE, FORMAT
+from specmac.compare.measure import ADVISE_PROMPTS, BASELINE, FORMAT
 from specmac.errors import BadOption
 
 
@@ -29,7 +29,7 @@ def load_record(directory: str | Path) -> dict:
         if not isinstance(record.get(key), kind):
             raise BadOption(f"{path}: field {key!r} is missing or not a {kind.__name__}: re-run specmac "
                             "compare")
-    from specmac.results import _pyplot
+    from specmac.compare.results import _pyplot
 
     for fig in build(record, path)[1].values():  # every field the outputs read, read once up front
         _pyplot().close(fig)
@@ -55,7 +55,7 @@ PLOTS = {"speedup_vs_k.png": "speedup over target-only vs K, per pairing",
 
 def render(record: dict, directory: str | Path) -> list[Path]:
     """Write summary.md and the PNG plots of ``record`` into ``directory``; return their paths."""
-    from specmac.results import save_figure
+    from specmac.compare.results import save_figure
 
     text, figs = build(record)  # everything built before the first file is written: all or none
     d = Path(directory)
@@ -189,7 +189,7 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
            "mismatch names the prompt and the token where they part, and is a near-tie flip when the "
            "target's top-2 logit gap there is below its batched-vs-serial logit difference at that "
            "point, else NOT near-tie: a bug.",
-           "- Predicted: `specmac.advise.advise` for each pairing, run before the measurement "
+           "- Predicted: `specmac.advise.shortrun.advise` for each pairing, run before the measurement "
            f"(acceptance from the first {ADVISE_PROMPTS} prompts)."]
     out += [f"- No prediction for {p}: {e}" for p, e in errors.items()]
     out.append("- Backends: " + "; ".join(

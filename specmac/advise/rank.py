@@ -34,16 +34,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specmac.advise import warp_cost_ms
-from specmac.advise_variants import Variant, model_backends, variants
+from specmac.advise.shortrun import warp_cost_ms
+from specmac.advise.variants import Variant, model_backends, variants
 from specmac.api import Pair
 from specmac.backends import BaseBackend, load_backend
-from specmac.calibration import pass_costs
-from specmac.costs import draft_passes, expected_tokens, fit_beta, why_not
-from specmac.drafters import NoDraft, lookup
+from specmac.core.calibration import pass_costs
+from specmac.core.costs import draft_passes, expected_tokens, fit_beta, why_not
+from specmac.core.drafters import NoDraft, lookup
+from specmac.core.sampling import SamplingParams, warp
+from specmac.core.timing import time_single
 from specmac.errors import BadOption, SpecmacError
-from specmac.sampling import SamplingParams, warp
-from specmac.timing import time_single
 from specmac.vocab import align_logits, check_compatible
 
 # --- measuring ----------------------------------------------------------------------------------

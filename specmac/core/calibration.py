@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from specmac.backends import BaseBackend
-from specmac.backends.cache import cache_root, signature
+from specmac.backends.conversion.cache import cache_root, signature
+from specmac.core.policy import AdaptiveK
+from specmac.core.timing import probe_tokens, time_single, timed
 from specmac.errors import SpecmacError
 from specmac.files import write_json
-from specmac.policy import AdaptiveK
-from specmac.timing import probe_tokens, time_single, timed
 
 
 def pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,

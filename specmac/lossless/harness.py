@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specmac.api import Pair
-from specmac.chisquare import ChiSquare, combine, holm, min_detectable_tv, two_sample
-from specmac.rejection import VerifyRule
-from specmac.sampling import SamplingParams
+from specmac.core.rejection import VerifyRule
+from specmac.core.sampling import SamplingParams
+from specmac.lossless.chisquare import ChiSquare, combine, holm, min_detectable_tv, two_sample
 
 DEFAULT_CONTEXTS = ("def ", "import ", "the ", "for i in ", "class ", "return ")
 DEFAULT_TOKENS = 100_000  # per method; catches every planted bug on the synthetic pair (tests)
@@ -138,7 +138,7 @@ def two_sample_check(pair: Pair, *, params: SamplingParams, n_tokens: int = DEFA
                      progress: Callable[[int], None] | None = None) -> dict:
     """Both methods for about n_tokens each (rounded up to whole sequences); the Holm-adjusted
     family of chi-square tests, its power, counts by kind, and the greedy diagnosis."""
-    from specmac.proof_greedy import greedy_check
+    from specmac.lossless.greedy import greedy_check
 
     length = length or default_length(k)
     ctx_ids = [pair.encode(c) for c in contexts]

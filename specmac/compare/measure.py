@@ -8,7 +8,7 @@ Speedup is paired: each run is divided by the target-only run of the same target
 
 The record (``results.json``) holds the raw runs, the per-configuration aggregates, the cost
 model's prediction for every pairing and the provenance; ``render`` turns it into ``summary.md``
-and PNG plots (``specmac.report``), so ``specmac report`` can redraw them without re-running anything.
+and PNG plots (``specmac.compare.report``), so ``specmac report`` can redraw them without re-running anything.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specmac.advise import advise
+from specmac.advise.shortrun import advise
 from specmac.api import Pair
 from specmac.backends import BaseBackend, load_backend
-from specmac.compare_settings import (  # noqa: F401  (compare's settings, re-exported)
+from specmac.compare.results import provenance
+from specmac.compare.settings import (  # noqa: F401  (compare's settings, re-exported)
     BACKEND_KEYS,
     BASELINE,
     FORMAT,
@@ -39,11 +40,10 @@ from specmac.compare_settings import (  # noqa: F401  (compare's settings, re-ex
     parse_pairs,
     read_config,
 )
-from specmac.drafters import MODEL_FREE, Drafter, NoDraft, load_drafter
+from specmac.core.drafters import MODEL_FREE, Drafter, NoDraft, load_drafter
+from specmac.core.prompts import N_ADVISE as ADVISE_PROMPTS
+from specmac.core.runstats import RunStats
 from specmac.errors import BadOption, SpecmacError
-from specmac.prompts import N_ADVISE as ADVISE_PROMPTS
-from specmac.results import provenance
-from specmac.runstats import RunStats
 from specmac.vocab import check_compatible
 
 
@@ -179,9 +179,9 @@ def _aggregate_one(rs: list[dict], base: dict, greedy: bool) -> dict:
 
 def diagnose_greedy(results: list[dict], runs: list[dict], settings: Settings, loaded: Loaded) -> None:
     """Where a greedy run's output differs from the target-only run's: at which token they part and
-    whether it is a near-tie flip (see specmac.proof_greedy), once per (configuration, prompt).
+    whether it is a near-tie flip (see specmac.lossless.greedy), once per (configuration, prompt).
     Adds greedy_mismatches and greedy_unexplained (mismatches no rounding explains) to each row."""
-    from specmac.proof_greedy import diagnose
+    from specmac.lossless.greedy import diagnose
 
     base = {(r["target"], r["prompt"], r["round"]): r["output_sha1"] for r in runs if r["draft"] == BASELINE}
     prompts = {p["id"]: p["text"] for p in settings.prompts}

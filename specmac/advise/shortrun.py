@@ -1,7 +1,7 @@
 """advise: measure what decides whether speculation pays for one pairing, then predict S(K).
 
 Measurement layer: short runs of the loop (acceptance, the loop's own costs), the parallelism
-probe of the target, the draft's one-token pass; the prediction itself is ``specmac.costs``.
+probe of the target, the draft's one-token pass; the prediction itself is ``specmac.core.costs``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 
 from specmac.api import Pair
-from specmac.costs import K_MAX, acceptance_from_stats, speedup_table, why_not
+from specmac.core.costs import K_MAX, acceptance_from_stats, speedup_table, why_not
+from specmac.core.prompts import advise_prompts
+from specmac.core.runstats import RunStats
+from specmac.core.sampling import SamplingParams, warp
+from specmac.core.timing import check_context, time_single
 from specmac.errors import BadOption
 from specmac.probes import probe_parallelism
-from specmac.prompts import advise_prompts
-from specmac.runstats import RunStats
-from specmac.sampling import SamplingParams, warp
-from specmac.timing import check_context, time_single
 from specmac.vocab import align_logits
 
 

@@ -22,7 +22,7 @@ from specmac.errors import BadOption
 from specmac.files import write_json  # noqa: F401  (re-exported: the bench scripts' writer)
 
 LIBRARIES = ("numpy", "mlx", "mlx-lm", "llama-cpp-python", "torch", "transformers")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def git_sha(cwd: Path = REPO) -> str | None:
@@ -69,7 +69,7 @@ def model_fingerprints(models: Iterable[str | Path | None]) -> list[dict]:
 
 def converted_from(path: Path) -> dict | None:
     """The source of a model in specmac's conversion cache (its sidecar), or None."""
-    from specmac.backends import cache
+    from specmac.backends.conversion import cache
 
     entry = (path if path.is_dir() else path.parent).resolve()
     meta = cache.read_sidecar(entry) if entry.parent == cache.cache_root().resolve() else None

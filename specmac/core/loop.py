@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specmac.backends import BaseBackend
-from specmac.drafters import Drafter
+from specmac.core.drafters import Drafter
+from specmac.core.policy import FixedK, KPolicy
+from specmac.core.rejection import VerifyRule, verify_greedy, verify_sampled
+from specmac.core.sampling import SamplingParams, WarpedRows
 from specmac.errors import BadTokens, ContextOverflow
-from specmac.policy import FixedK, KPolicy
-from specmac.rejection import VerifyRule, verify_greedy, verify_sampled
-from specmac.sampling import SamplingParams, WarpedRows
 from specmac.vocab import align_logits
 
 

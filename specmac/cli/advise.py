@@ -1,5 +1,4 @@
-"""`specmac probe-parallelism` and `specmac advise` (a ranking of configurations, or one pairing):
-attached to the main group on import."""
+"""`specmac advise`: a ranking of configurations, or one pairing; attached to the main group on import."""
 
 from __future__ import annotations
 
@@ -7,83 +6,15 @@ import sys
 
 import click
 
-from specmac.cli import UserError, emit_json, load_pair, main, parse_kv, sampling_options
-
-
-@main.command("probe-parallelism")
-@click.option("--backend", "backend_name", required=True, metavar="BACKEND",
-              help="Backend to probe (see `specmac backends`; plugins included).")
-@click.option("--model", metavar="PATH|HUB_ID", help="Model (default: the embedded tiny target).")
-@click.option("--opt", multiple=True, metavar="KEY=VALUE", help="Backend option, repeatable.")
-@click.option("--role", type=click.Choice(["target", "draft"]), default="target", show_default=True,
-              help="Which embedded model to load when --model is not given.")
-@click.option("--n-max", type=int, default=16, show_default=True, help="Largest batch n probed.")
-@click.option("--context", type=int, default=256, show_default=True,
-              help="Tokens prefilled before every trial.")
-@click.option("--repeats", type=int, default=3, show_default=True, help="Timed repeats (after 1 warm-up).")
-@click.option("--serial", is_flag=True, help="Serial control: batched scores run one token at a time.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of T(n).")
-@click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON record (with provenance).")
-def probe_parallelism_cmd(backend_name, model, opt, role, n_max, context, repeats, serial, as_json,
-                          plot, out):
-    """Does BACKEND verify n tokens in one parallel pass? Batched vs serial score timing."""
-    from specmac.backends import load_backend
-    from specmac.probes import SerialBackend, probe_parallelism
-    from specmac.results import model_files, plot_parallelism, provenance
-
-    if repeats < 1:
-        raise UserError(f"--repeats {repeats} is out of range: use an integer >= 1")
-    _check_outputs(out, plot)
-    backend = load_backend(backend_name, model, parse_kv(opt, "--opt"), role=role)
-    if serial:
-        backend = SerialBackend(backend)
-    record = probe_parallelism(backend, n_max=n_max, context=context, repeats=repeats)
-    record["provenance"] = provenance(" ".join(sys.argv), model_files(backend, model, role))
-    _report(record, out, plot and (lambda: plot_parallelism([record], plot)), as_json, _print_probe)
-
-
-def _check_outputs(out: str | None, plot: str | None) -> None:
-    """--out and --plot can be written: checked before anything is loaded or measured."""
-    from specmac.results import check_output
-
-    if out:
-        check_output(out, "out")
-    if plot:
-        check_output(plot, "plot", image=True)
-
-
-def _report(record: dict, out: str | None, draw, as_json: bool, show) -> None:
-    """Write the record (--out) and the plot (--plot), then print it as JSON or as text."""
-    from specmac.results import write_json
-
-    if out:
-        write_json(out, record)
-    if draw:
-        draw()
-    if as_json:
-        emit_json(record)
-    else:
-        show(record)
-
-
-def _print_probe(r: dict) -> None:
-    from specmac.probes.parallelism import NOISY
-
-    click.echo(f"{r['backend']} {r['model']}{' (serial control)' if r['serial_control'] else ''}, "
-               f"context {r['context']}, median of {r['repeats']}")
-    click.echo(f"{'n':>3} {'batched ms':>11} {'serial ms':>10} {'serial/batched':>15}")
-    for n, b, s in zip(r["n"], r["batched_ms"], r["serial_ms"]):
-        click.echo(f"{n:>3} {b:>11.2f} {s:>10.2f} {s / b if b else float('nan'):>15.2f}")
-    click.echo(f"fit T(n) = {r['t1_ms']:.2f} ms x (1 + {r['beta']:.2f} (n - 1)): {r['verdict']} "
-               f"(parallel below \u03b2 = {r['thresholds']['parallel_below']}, serial from "
-               f"{r['thresholds']['serial_from']})")
-    click.echo(f"batched vs serial logits: max |\u0394| = {r['max_abs_logit_diff']:.3g}, "
-               f"argmax flips {r['argmax_flips']} of {r['rows_compared']} rows")
-    if r["relative_spread"] > NOISY:
-        click.echo(f"warning: repeats vary by {r['relative_spread']:.0%} of the median (IQR): the "
-                   "machine is busy; close other work or raise --repeats", err=True)
-
+from specmac.cli.app import (
+    UserError,
+    check_outputs,
+    load_pair,
+    main,
+    parse_kv,
+    report_record,
+    sampling_options,
+)
 
 ADVISE_HELP = """What should I run? Without --draft: every configuration the installed backends can
 run (draft backend and precision x target backend and precision x K, plain decoding of each target
@@ -129,11 +60,11 @@ One pairing:
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON record (with provenance).")
 def advise(target_models, draft_models, backends_text, k_max, prompts, run_tokens, context, repeats,
            as_json, plot, out, **kw):
-    from specmac.cli import sampling_params
+    from specmac.cli.app import sampling_params
 
     if run_tokens < 2 or repeats < 1:
         raise UserError("--run-tokens must be >= 2 and --repeats >= 1")
-    _check_outputs(out, plot)
+    check_outputs(out, plot)
     params = sampling_params(kw)
     if kw["draft"] is None or kw["draft"] == "none":
         _rank(target_models, draft_models, backends_text, k_max, prompts, run_tokens, params, kw, as_json,
@@ -150,9 +81,9 @@ def advise(target_models, draft_models, backends_text, k_max, prompts, run_token
 
 def _rank(target_models, draft_models, backends_text, k_max, prompts, run_tokens, params, kw, as_json,
           out) -> None:
-    from specmac.advise_rank import rank_configurations
-    from specmac.prompts import advise_prompts
-    from specmac.results import provenance
+    from specmac.advise.rank import rank_configurations
+    from specmac.compare.results import provenance
+    from specmac.core.prompts import advise_prompts
 
     backends = [b.strip() for b in backends_text.split(",") if b.strip()] if backends_text else None
     if kw["target"]:
@@ -164,7 +95,7 @@ def _rank(target_models, draft_models, backends_text, k_max, prompts, run_tokens
                                  draft_options=parse_kv(kw["draft_opt"], "--draft-opt"),
                                  progress=None if as_json else lambda m: click.echo(f"probing {m}", err=True))
     record["provenance"] = provenance(" ".join(sys.argv), [*draft_models, *target_models])
-    _report(record, out, None, as_json, _print_ranking)
+    report_record(record, out, None, as_json, _print_ranking)
 
 
 def _print_ranking(r: dict) -> None:
@@ -192,8 +123,8 @@ def _print_ranking(r: dict) -> None:
 
 def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plot, out) -> None:
     """Predict the speedup of one pairing for K = 1..16 from measured costs and acceptance."""
-    from specmac.advise import advise as run_advise
-    from specmac.results import model_files, plot_speedup, provenance
+    from specmac.advise.shortrun import advise as run_advise
+    from specmac.compare.results import model_files, plot_speedup, provenance
 
     pair = load_pair(kw)
     record = run_advise(pair, params=params, prompts=list(prompts) or None,
@@ -203,8 +134,8 @@ def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plo
         models += model_files(pair.drafter.backend, kw["draft_model"], "draft")
     record["provenance"] = provenance(" ".join(sys.argv), models)
     label = f"{kw['draft']} -> {kw['target']}"
-    _report(record, out, plot and (lambda: plot_speedup([{"label": label, "table": record["table"]}], plot)),
-            as_json, _print_advise)
+    draw = plot and (lambda: plot_speedup([{"label": label, "table": record["table"]}], plot))
+    report_record(record, out, draw, as_json, _print_advise)
 
 
 def _print_advise(r: dict) -> None:

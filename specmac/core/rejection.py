@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from specmac.sampling import sample
+from specmac.core.sampling import sample
 
 # (drafts [K], q, p, rng) -> (n_accepted, next_token). q and p are sequences of rows: q[i] is the
 # draft's distribution [V] of drafts[i], p[i] the target's at the same position (K + 1 rows; the

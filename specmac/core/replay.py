@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specmac.loop import Event
+from specmac.core.loop import Event
 
 
 def replay_greedy(match: str, policy: Any, n_tokens: int, t_target: Sequence[float], t_draft1: float,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from specmac.api import Pair
-from specmac.sampling import SamplingParams
+from specmac.core.sampling import SamplingParams
 from specmac.vocab import align_logits
 
 GREEDY = SamplingParams(0.0)

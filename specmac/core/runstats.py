@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specmac.loop import Event
+from specmac.core.loop import Event
 
 
 @dataclass

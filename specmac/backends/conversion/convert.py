@@ -2,8 +2,8 @@
 ``specmac.backends.gguf.requantize``).
 
 Each conversion runs once per (source, format, precision) and lands in the cache folder
-(``specmac.backends.cache``) with its source's SHA-256 beside it. Frameworks are imported inside the
-functions, so the torch and mlx backends can use the GGUF path without llama-cpp-python and the
+(``specmac.backends.conversion.cache``) with its source's SHA-256 beside it. Frameworks are
+imported inside the functions, so the torch and mlx backends can use the GGUF path without llama-cpp-python and the
 gguf backend can use the HF path without torch.
 """
 
@@ -13,7 +13,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from specmac.backends import cache
+from specmac.backends.conversion import cache
 from specmac.errors import BackendNotInstalled, BadOption, ModelNotFound
 
 GGUF_MAGIC = b"GGUF"
@@ -88,7 +88,7 @@ def hf_to_gguf(folder: str | Path) -> tuple[Path, dict]:
     needs(("gguf",), "loading a Hugging Face folder in the gguf backend", "gguf")
     from importlib.metadata import version
 
-    from specmac.backends.hf_to_gguf import write_gguf
+    from specmac.backends.conversion.hf_to_gguf import write_gguf
 
     entry, meta = cache.converted(folder, "gguf-f16", lambda src, out: write_gguf(src, out / "model.gguf"),
                                   what="an F16 GGUF", details={"quant": "f16",

@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from specmac.backends import BaseBackend, backend_class, load_backend
+from specmac.core.sampling import SamplingParams, sample, warp
 from specmac.errors import BadOption
-from specmac.sampling import SamplingParams, sample, warp
 from specmac.vocab import Vocab, align_logits, check_compatible
 
 NO_DRAFT = (None, "none")
