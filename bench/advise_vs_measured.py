@@ -28,7 +28,7 @@ from pathlib import Path
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac import assets
-from specmac.advise.shortrun import advise
+from specmac.advise.pairing import advise_pair as advise
 from specmac.api import Pair
 from specmac.backends import missing_requirements
 from specmac.compare.measure import (

@@ -3,10 +3,11 @@
     python bench/convert_gguf_to_hf.py ~/.cache/specmac/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
         [~/.cache/specmac/models/qwen2.5-coder-0.5b-instruct-hf] [--dtype float32]
 
-A thin wrapper over ``specmac.backends.conversion.convert.gguf_to_hf``, the converter the torch and
-mlx backends use when given a .gguf file (transformers' GGUF loader; `pip install 'specmac[convert]'`): the folder
-is made once in specmac's cache (`specmac models` lists it) and printed. With OUT it is also linked
-there (hard links, or a copy across file systems) for scripts that want a fixed path.
+A thin wrapper over ``specmac.backends.conversion.convert.gguf_to_hf``, the converter the torch
+and mlx backends use when given a .gguf file (transformers' GGUF loader; `pip install
+'specmac[convert]'`): the folder is made once in specmac's cache (`specmac models` lists it)
+and printed. With OUT it is also linked there (hard links, or a copy across file systems) for
+scripts that want a fixed path.
 """
 
 from __future__ import annotations

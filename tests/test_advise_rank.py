@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from specmac.advise.rank import Costs, alpha_needed
-from specmac.advise.variants import gguf_type, variants
+from specmac.advise.predict import Costs, alpha_needed
+from specmac.advise.variants import variants
 from specmac.cli import main
 from tests.conftest import skip_unless_installed
 
@@ -74,7 +74,7 @@ def test_a_run_pays_the_drafts_prefill_once():
     """Predictions are for runs of run_tokens: the draft's prefill of the prompt is paid once per
     run (plain decoding pays none of it), so a draft that pays in steady state can lose a short run;
     the reason says from how many tokens it pays."""
-    from specmac.advise.rank import why
+    from specmac.advise.predict import why
 
     steady = Costs(step=[1.0, 1.1, 1.2], t_draft=0.05)
     run = Costs(step=steady.step, t_draft=0.05, t_prefill=4.0, run_tokens=10)
@@ -86,7 +86,7 @@ def test_a_run_pays_the_drafts_prefill_once():
     assert n == pytest.approx(4.0 / (1.0 - 1 / x))
     assert Costs(run.step, 0.05, 4.0, int(n) + 1).tps(0.9, 2) > 1.0 > Costs(run.step, 0.05, 4.0,
                                                                                 int(n) - 1).tps(0.9, 2)
-    from specmac.advise.rank import Chains
+    from specmac.advise.predict import Chains
     chains = Chains.of([[[1.0] * (10 - i) for i in range(10)]], k_max=2, model=True)  # all accepted
     slow = Costs(step=run.step, t_draft=0.05, t_prefill=10.0, run_tokens=10)
     assert slow.tps(chains, 2) < 1.0 < slow.tps(chains, 2, steady=True)
@@ -95,10 +95,16 @@ def test_a_run_pays_the_drafts_prefill_once():
 
 
 def test_variants_of_a_model():
-    assert gguf_type("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf") == "Q4_K_M"
-    assert gguf_type("target-f16.gguf") == "F16" and gguf_type("x.gguf") == "GGUF"
     embedded = variants([None], "target", ["synthetic"])
     assert [(v.backend, v.precision) for v in embedded] == [("synthetic", "float32")]
+
+
+@skip_unless_installed("gguf")
+def test_a_gguf_file_names_its_type():
+    from specmac.backends.gguf import gguf_type
+
+    assert gguf_type("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf") == "Q4_K_M"
+    assert gguf_type("target-f16.gguf") == "F16" and gguf_type("x.gguf") == "GGUF"
 
 
 @skip_unless_installed("gguf")
@@ -121,7 +127,7 @@ def test_chains_walk_the_text_as_the_loop_does():
     crossed in one step (acceptance is correlated), the next step starts where the last one ended,
     no step drafts past the text's end, an n-gram lookup drafts only what it finds, and a model
     draft that keeps all K pays one catch-up pass."""
-    from specmac.advise.rank import Chains
+    from specmac.advise.predict import Chains
 
     text = [[1, 1, 0, 1, 1], [1, 0, 1, 1], [0, 1, 1], [1, 1], [1]]  # chances to the text's end
     model = Chains.of([text], k_max=2, model=True)
@@ -145,7 +151,7 @@ def test_chains_walk_the_text_as_the_loop_does():
 def test_sampled_chains_carry_the_chance_of_each_start():
     """Sampled, the walk's steps start at random positions: its expected steps per text match a
     simulation of the loop walking the same chances."""
-    from specmac.advise.rank import Chains
+    from specmac.advise.predict import Chains
 
     rng = np.random.default_rng(0)
     n = 12
@@ -169,7 +175,8 @@ def test_greedy_chains_predict_the_loops_passes_exactly():
     """At T = 0 the loop's steps are determined by the target's text: the chains of that text,
     teacher-forced, predict exactly the tokens per target pass the loop then makes (averaging the
     chains over every start position instead predicted 7.95 at K = 8 here; the loop makes 5.16)."""
-    from specmac.advise.rank import Probe, _rows, acceptance, reference_texts
+    from specmac.advise.measure import Probe, _rows, reference_texts
+    from specmac.advise.predict import acceptance
     from specmac.advise.variants import Variant
     from specmac.api import Pair
     from specmac.backends import load_backend
@@ -197,7 +204,7 @@ def test_the_loops_overhead_is_timed_apart_from_the_pass(monkeypatch):
     pass: a step's time less the probe's T(1) also measured how the pass's speed moved between the
     two timings (47.7 ms on a 124 ms torch bf16 pass once, which made every drafted step of that
     target look 48 ms slower than it ran). Here the pass slows by 20 ms after the probe."""
-    import specmac.advise.rank as ar
+    import specmac.advise.measure as ar
     from specmac.backends import load_backend
     from specmac.core.sampling import SamplingParams
 
@@ -221,7 +228,7 @@ def test_the_loops_overhead_is_timed_apart_from_the_pass(monkeypatch):
 def test_a_near_tie_of_k_goes_to_the_smaller_k():
     """Where S(K) is flat at the top, the ranking takes the smallest K predicted within 2% of the
     best (its tokens/s beside it), not the argmax of differences finer than the prediction."""
-    from specmac.advise.rank import K_TIE, best
+    from specmac.advise.predict import K_TIE, best
 
     flat = Costs(step=[1.0] * 10, t_draft=0.0)
     speeds = [1.5, 2.0, 2.50, 2.51, 2.52, 2.53]  # tokens/s at K = 1..6: flat from K = 3

@@ -99,6 +99,16 @@ def test_encode_decode_round_trip(name):
 
 
 @pytest.mark.parametrize("name", [needs(n) for n in ALL])
+def test_special_tokens_are_not_rendered(name):
+    """One rule on every backend: decode renders no special token (EOS, BOS, control tokens)."""
+    b = get(name)
+    ids = b.encode("print os 42" if name == "synthetic" else "x = 1")
+    special = sorted(b.vocab.special_ids | b.vocab.eos_ids)
+    assert special, f"{name}'s vocabulary names no special token"
+    assert b.decode([*ids, *special]) == b.decode(ids)
+
+
+@pytest.mark.parametrize("name", [needs(n) for n in ALL])
 def test_info_records_options(name):
     info = get(name).info()
     assert info["backend"] == name

@@ -157,22 +157,22 @@ def test_advise_cli_json(name):
     assert [row["k"] for row in r["table"]] == list(range(1, 17))
     assert all({"k", "tokens_per_pass", "predicted_speedup"} <= set(row) for row in r["table"])
     assert 1 <= r["best_k"] <= 16 and 0.0 <= r["alpha"] <= 1.0 and r["c"] > 0
-    best = max(r["table"], key=lambda row: row["predicted_speedup"])
-    assert best["k"] == r["best_k"]
+    top = max(row["predicted_speedup"] for row in r["table"])  # best K: the smallest within 2% of the top
+    assert r["best_k"] == next(row["k"] for row in r["table"] if row["predicted_speedup"] >= 0.98 * top)
     assert (r["predicted_speedup"] > 1.0) == (not r["reasons"])
     assert r["acceptance_run"]["prompts"] == 4  # the default set: code and prose
 
 
 def test_advise_pools_acceptance_over_its_prompts():
-    """--prompt repeated: acceptance is counted over every prompt's run, not the first one's."""
+    """--prompt repeated: acceptance is counted over every prompt's reference text, not the first one's."""
     args = ["advise", "--draft", "synthetic", "--target", "synthetic", "--json", "--run-tokens", "20",
-            "--context", "8", "--repeats", "1", "--temperature", "1"]
+            "--context", "8", "--repeats", "1"]
     one = [invoke([*args, "--prompt", text]) for text in ("def f(x):", "Once upon a time")]
     both = invoke([*args, "--prompt", "def f(x):", "--prompt", "Once upon a time"])
     runs = [r["acceptance_run"] for r in one]
     assert both["acceptance_run"]["prompts"] == 2
     for key in ("n_tokens", "n_drafted", "n_accepted"):
-        assert both["acceptance_run"][key] == sum(r[key] for r in runs)
+        assert both["acceptance_run"][key] == pytest.approx(sum(r[key] for r in runs))
 
 
 def test_advise_with_two_models_per_role_needs_the_ranking():

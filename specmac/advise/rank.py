@@ -1,6 +1,10 @@
 """advise over whole configurations: which draft and target, on which backend, in which precision,
 at which K (K = 0: plain decoding), ranked by predicted tokens/s.
 
+One engine answers "what will this configuration do here?" for a whole ranking
+(``rank_configurations``: every variant of the given models on the installed backends) and for one
+loaded pairing (``advise_pair``: the same measurements and predictions, restricted to it).
+
 What is measured once and shared by every configuration that can share it:
 
 * per target variant (a backend and a dtype or GGUF type of a target model): its pass T(n) for
@@ -26,325 +30,17 @@ same weights in the same precision (one output distribution); speedups are again
 plain decoder of that group, so a 3x speedup over a slow decoder is not mistaken for a fast one.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
-import numpy as np
-
-from specmac.advise.shortrun import warp_cost_ms
+from specmac.advise.measure import probe_draft, probe_target, reference_texts, warp_cost_ms
+from specmac.advise.predict import acceptance, ranking
 from specmac.advise.variants import Variant, model_backends, variants
-from specmac.api import Pair
-from specmac.backends import BaseBackend, load_backend
-from specmac.core.calibration import pass_costs
-from specmac.core.costs import draft_passes, expected_tokens, fit_beta, why_not
-from specmac.core.drafters import NoDraft, lookup
-from specmac.core.sampling import SamplingParams, warp
-from specmac.core.timing import time_single
+from specmac.backends import backend_class, load_backend
+from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption, SpecmacError
-from specmac.vocab import align_logits, check_compatible
+from specmac.vocab import check_compatible
 
-# --- measuring ----------------------------------------------------------------------------------
-
-@dataclass
-class Probe:
-    """What one variant costs and what it predicts on the reference text."""
-
-    variant: Variant
-    t_pass: list[float] = field(default_factory=list)  # seconds, T(n) for n = 1..; drafts: [T_d(1)]
-    t_step: float = 0.0  # seconds the loop adds per step (targets)
-    rows: list = field(default_factory=list)  # per text: argmax ids, warped probs or n-gram lookups
-    t_prefill: float = 0.0  # seconds a draft takes to prefill a prompt (median over the reference's)
-    seconds: float = 0.0  # what loading and probing this variant took (the reference text included)
-
-
-def _rows(backend: BaseBackend, texts: list[list[int]], starts: list[int], params: SamplingParams,
-          n_vocab: int, prefills: list[float] | None = None) -> list[np.ndarray]:
-    """Teacher forcing: per text, the distribution (sampled: warped probabilities, float32) or the
-    argmax (greedy) at every position that predicts a reference token. The prompt is prefilled
-    first, as a draft in the loop does it, and its seconds appended to ``prefills``."""
-    out = []
-    for ids, start in zip(texts, starts):
-        backend.reset()
-        t0 = time.perf_counter()
-        last = np.asarray(backend.prefill(ids[:start]))
-        if prefills is not None:
-            prefills.append(time.perf_counter() - t0)
-        rest = backend.score(ids[start:-1]) if len(ids) - 1 > start else np.empty((0, last.shape[-1]))
-        logits = align_logits(np.vstack([last[None], np.asarray(rest)]), n_vocab)
-        out.append(np.argmax(logits, axis=-1) if params.greedy else warp(logits, params).astype(np.float32))
-    backend.reset()
-    return out
-
-
-def reference_texts(target: BaseBackend, prompts: Sequence[str], params: SamplingParams, run_tokens: int,
-                    seed: int) -> tuple[list[list[int]], list[int]]:
-    """Prompt + the target's own continuation (the text the loop will verify), and where each
-    continuation starts."""
-    plain = Pair(target, NoDraft())
-    texts, starts = [], []
-    for i, prompt in enumerate(prompts):
-        ids = plain.encode(prompt)
-        out = plain.generate(ids, params=params, max_tokens=run_tokens, seed=seed + i).token_ids
-        if out:
-            texts.append(ids + out)
-            starts.append(len(ids))
-    if not texts:
-        raise SpecmacError("the reference target wrote nothing after the prompts: give other prompts")
-    return texts, starts
-
-
-def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingParams, texts, starts,
-                 n_vocab: int) -> Probe:
-    t_pass, _ = pass_costs(backend, None, k_max, repeats=3)
-    plain = Pair(backend, NoDraft())
-    events = list(plain.stream(texts[0][: starts[0]], params=params, max_tokens=6, seed=0))[1:]
-    # the loop's own work per step, timed apart from the pass: a step's time less the probe's
-    # T(1) measured the pass's speed from one moment to the next as well (47.7 ms on a 124 ms
-    # torch bf16 pass once, added to every width; results/anatomy)
-    t_step = float(np.median([e.t_draft + e.t_other for e in events])) if events else 0.0
-    return Probe(v, t_pass, t_step, _rows(backend, texts, starts, params, n_vocab))
-
-
-def probe_draft(v: Variant, backend: BaseBackend | None, params: SamplingParams, texts, starts,
-                n_vocab: int, k_max: int) -> Probe:
-    if backend is None:  # n-gram lookup: what it would copy at each position of the reference
-        t0 = time.perf_counter()
-        rows = [[lookup(ids[:i], k_max) for i in range(start, len(ids))] for ids, start in zip(texts, starts)]
-        t = (time.perf_counter() - t0) / max(sum(len(r) for r in rows), 1)
-        return Probe(v, [t], 0.0, rows)
-    t_d = time_single(backend, context=min(16, backend.n_ctx - 1), repeats=5, warmup=1)["median_ms"] / 1e3
-    prefills: list[float] = []
-    rows = _rows(backend, texts, starts, params, n_vocab, prefills)
-    return Probe(v, [t_d], 0.0, rows, t_prefill=float(np.median(prefills)))
-
-
-def chances(draft: Probe, target: Probe, params: SamplingParams) -> list[list[list[float]]]:
-    """Per text and reference position, the chances that the drafts a step starting there makes
-    are each accepted, given the ones before were: a model draft's first, then (teacher forcing:
-    an accepted draft is the reference token, or distributed as it) the next position's first; an
-    n-gram lookup's proposals one by one (greedy: is it the target's argmax; sampled: p(token))."""
-    out = []
-    for q, p in zip(draft.rows, target.rows):
-        if draft.variant.backend == "ngram":
-            out.append([[float(t == p[i + j]) if params.greedy else float(p[i + j][t])
-                         for j, t in enumerate(prop[: len(p) - i])] for i, prop in enumerate(q)])
-            continue
-        a = (q == p).astype(float) if params.greedy else np.minimum(p, q).sum(axis=-1)
-        out.append([list(a[i:]) for i in range(len(a))])
-    return out
-
-
-@dataclass
-class Chains:
-    """What the loop's steps make as it walks each reference text, per K = 1..k_max: tokens kept
-    per step (accepted drafts + the target's own), draft passes per step (a model draft: K, plus
-    the catch-up pass after a step that kept all K) and the share of steps whose target pass is n
-    tokens wide (``width[k - 1][n - 1]``; a model draft: K + 1).
-
-    The walk is the loop's: the first step starts at the text's first position, each next one
-    where the last one's kept tokens end, and no step drafts past the text's last token (the loop
-    caps K at the tokens left to write), so the prediction is for a run as long as the reference
-    text. A step that starts after a hard token is weighed as often as the loop makes one there:
-    averaging over every start position instead overpredicts wide K, since easy runs are crossed in
-    one step but counted at each of their positions. Sampled, a step's kept count is random: the
-    walk carries the chance of starting at each position (a reference text stands in for the text
-    after a correction)."""
-
-    alpha: float  # mean chance that a first draft is accepted, over every position (0: no lookup)
-    tokens: list[float]
-    passes: list[float]
-    width: list[list[float]]
-
-    @classmethod
-    def of(cls, chances: list[list[list[float]]], k_max: int, model: bool) -> Chains:
-        """``chances[text][i]``: for a step starting at position i, the chance of each of its
-        drafts being accepted given the ones before were (a model draft: one per position to the
-        text's end; an n-gram lookup: one per token it found)."""
-        texts = [t for t in chances if t]
-        if not texts:
-            raise SpecmacError("no reference position to measure acceptance on: give longer prompts")
-        alpha = float(np.mean([c[0] if c else 0.0 for t in texts for c in t]))
-        tokens, passes, width = [], [], []
-        for k in range(1, k_max + 1):
-            steps = kept = drafted = full = 0.0
-            w = np.zeros(k_max + 1)
-            for text in texts:
-                n = len(text)
-                mass = np.zeros(n + 1)  # the chance that a step starts at each position
-                mass[0] = 1.0
-                for i in range(n):
-                    m = mass[i]
-                    if m == 0.0:
-                        continue
-                    c = np.asarray(text[i][: min(k, n - i - 1)], float)  # drafts: none past the end
-                    run = np.cumprod(c)  # P(the first j drafts all kept), j = 1..d
-                    d = min(k, n - i - 1) if model else len(c)
-                    steps += m
-                    kept += m * (1.0 + run.sum())
-                    drafted += m * d
-                    full += m * run[-1] if model and d == k else 0.0
-                    w[d] += m
-                    stop = np.concatenate([[1.0], run]) * np.concatenate([1.0 - c, [1.0]])  # P(j kept)
-                    mass[i + 1: i + 2 + len(c)] += m * stop
-            tokens.append(kept / steps)
-            passes.append((drafted + full) / steps if model else 0.0)
-            width.append(list(w / steps))
-        return cls(alpha, tokens, passes, width)
-
-
-def acceptance(draft: Probe, target: Probe, params: SamplingParams, k_max: int) -> Chains:
-    """The chains of the reference text for this draft in front of this target."""
-    return Chains.of(chances(draft, target, params), k_max, draft.variant.backend != "ngram")
-
-
-# --- predicting and ranking ---------------------------------------------------------------------
-
-@dataclass
-class Costs:
-    """Seconds: a target's step over n tokens (pass + the loop), a draft's pass (+ its sampling),
-    and the draft's prefill of the prompt, paid once per run of ``run_tokens`` tokens (0: not
-    counted, steady state). The target's prefill is not counted: plain decoding pays it too."""
-
-    step: list[float]  # step[n - 1], n = 1..k_max + 1
-    t_draft: float
-    t_prefill: float = 0.0
-    run_tokens: int = 0
-
-    def tps(self, alpha: float | Chains, k: int, steady: bool = False) -> float:
-        """Predicted tokens/s at K = k (k = 0: plain decoding) over a run of ``run_tokens`` tokens
-        (``steady``: without the draft's prefill): from the reference text's chains, or (a float)
-        from one acceptance rate, the same at every position."""
-        if k == 0:
-            return 1.0 / self.step[0]
-        if isinstance(alpha, Chains):
-            verify = sum(share * self.step[n] for n, share in enumerate(alpha.width[k - 1]) if share)
-            tps = alpha.tokens[k - 1] / (alpha.passes[k - 1] * self.t_draft + verify)
-        else:
-            drafting = draft_passes(alpha, k, catch_up=True) * self.t_draft
-            tps = expected_tokens(alpha, k) / (drafting + self.step[k])
-        if steady or not self.run_tokens or not self.t_prefill:
-            return tps
-        return self.run_tokens / (self.t_prefill + self.run_tokens / tps)
-
-    def tokens_to_pay(self, alpha: float | Chains, k: int) -> float | None:
-        """The run length from which drafting at K = k beats plain decoding, the draft's prefill
-        included (None: not even in steady state)."""
-        gain = 1.0 / self.tps(0.0, 0) - 1.0 / self.tps(alpha, k, steady=True)  # seconds per token
-        return self.t_prefill / gain if gain > 0 else None
-
-
-# predicted tokens/s this close to the best K's are a tie: the smallest such K is chosen
-K_TIE = 0.02
-
-
-def best(costs: Costs, alpha: float | Chains, k_max: int, tie: float = 0.0) -> tuple[int, float]:
-    """(K, predicted tokens/s): the best K, or with ``tie`` the smallest K predicted within that
-    share of the best. Near the top S(K) is flat (on Qwen 0.5B -> 1.5B torch bf16, K = 4..8 within
-    5%), the prediction is not finer than a few percent (results/anatomy), and where acceptance
-    falls short of the prediction, as on texts other than advise's, a narrower K loses less."""
-    table = [(k, costs.tps(alpha, k)) for k in range(1, k_max + 1)]
-    top = max(t for _, t in table)
-    return next((k, t) for k, t in table if t >= top * (1.0 - tie))
-
-
-def alpha_needed(costs: Costs, k_max: int) -> float | None:
-    """The smallest acceptance at which some K beats plain decoding (None: not even at 1)."""
-    plain = costs.tps(0.0, 0)
-    if best(costs, 1.0, k_max)[1] <= plain:
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if best(costs, mid, k_max)[1] > plain else (mid, hi)
-    return hi
-
-
-def why(costs: Costs, chains: Chains, beta: float, k_max: int, k: int) -> str:
-    """Why this draft does not pay on this target, in the paper's terms: c, beta, alpha; or, where
-    it pays in steady state, the draft's prefill of the prompt against a run this short."""
-    plain = costs.tps(0.0, 0)
-    if costs.t_prefill and costs.tps(chains, k, steady=True) > plain:
-        n = costs.tokens_to_pay(chains, k)
-        ms = 1e3 * costs.t_prefill
-        shown = f"{ms:.0f}" if ms >= 10 else f"{ms:.2g}"
-        return (f"the draft's prefill of the prompt ({shown} ms) outweighs what {costs.run_tokens} "
-                f"tokens gain: pays from about {n:.0f} tokens")
-    alpha = chains.alpha
-    need = alpha_needed(Costs(costs.step, costs.t_draft), k_max)
-    if need is not None and need <= alpha:  # the walk's runs of accepted drafts are what falls short
-        return (f"acceptance too low: \u03b1 = {alpha:.2f}, in runs too short on this text "
-                f"(independent acceptances would pay from \u03b1 = {need:.2f})")
-    if need is not None:
-        return f"acceptance too low: \u03b1 = {alpha:.2f} (pays from \u03b1 = {need:.2f})"
-    reasons = why_not(alpha, costs.t_draft, lambda n: costs.step[min(n, len(costs.step)) - 1], beta, k_max,
-                      catch_up=True)
-    return "; ".join(reasons) or f"draft too slow: c = {costs.t_draft / costs.step[0]:.2f}"
-
-
-def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, int], Chains], k_max: int,
-            w_row: float, w_draft: float, run_tokens: int = 0) -> list[dict]:
-    """Every configuration at its best K, ranked by predicted tokens/s over a run of ``run_tokens``
-    tokens (the draft's prefill of the prompt included; 0: steady state) within precision groups,
-    groups in the order of their best configuration."""
-    entries = []
-    for ti, t in enumerate(targets):
-        step = [x + t.t_step + w_row * n for n, x in enumerate(t.t_pass)]
-        n = np.arange(1, len(t.t_pass) + 1)
-        _, beta = fit_beta(n, t.t_pass)
-        base = Costs(step, 0.0)
-        entries.append(_entry(None, t, 0, base.tps(0.0, 0), None, beta, None))
-        for di, d in enumerate(drafts):
-            if (di, ti) not in alphas:
-                continue
-            chains = alphas[di, ti]
-            costs = Costs(step, d.t_pass[0] + (w_draft if d.variant.backend != "ngram" else 0.0),
-                          d.t_prefill, run_tokens)
-            k, tps = best(costs, chains, k_max, K_TIE)
-            reason = why(costs, chains, beta, k_max, k) if tps <= base.tps(0.0, 0) else None
-            entries.append(_entry(d, t, k, tps, chains.alpha, beta, costs.t_draft / step[0], reason))
-            entries[-1]["by_k"] = [costs.tps(chains, j) for j in range(1, k_max + 1)]  # K = 1..k_max
-            entries[-1]["tokens_per_pass"] = chains.tokens[k - 1]
-            entries[-1]["draft_prefill_ms"] = 1e3 * d.t_prefill
-    groups: dict[str, list[dict]] = {}
-    for e in entries:
-        groups.setdefault(e["group"], []).append(e)
-    out = []
-    for group in sorted(groups, key=lambda g: -max(e["predicted_tokens_per_second"] for e in groups[g])):
-        rows = sorted(groups[group], key=lambda e: -e["predicted_tokens_per_second"])
-        plain = max((e for e in rows if e["k"] == 0), key=lambda e: e["predicted_tokens_per_second"])
-        for e in rows:
-            e["predicted_speedup"] = e["predicted_tokens_per_second"] / plain["predicted_tokens_per_second"]
-            e["baseline"] = f"plain {plain['target_label']}"
-            if e is not rows[0] and e["reason"] is None:
-                e["reason"] = (f"slower than {_name(rows[0])}" if e["k"] else
-                               f"plain {e['target_label']} decodes slower than {_name(plain)}"
-                               if e is not plain else f"plain decoding; {_name(rows[0])} is faster")
-            out.append(e)
-    for i, e in enumerate(out, 1):
-        e["rank"] = i
-    return out
-
-
-def _name(e: dict) -> str:
-    return (f"{e['draft_label']} \u2192 {e['target_label']} at K = {e['k']}" if e["k"]
-            else f"plain {e['target_label']}")
-
-
-def _entry(d: Probe | None, t: Probe, k: int, tps: float, alpha: float | None, beta: float,
-           c: float | None, reason: str | None = None) -> dict:
-    tv, dv = t.variant, d.variant if d else None
-    return {"group": tv.group, "draft": dv.backend if dv else "none",
-            "draft_dtype": dv.precision if dv else None,
-            "draft_label": dv.label if dv else "none", "draft_model": dv.model if dv else None,
-            "target": tv.backend, "target_dtype": tv.precision, "target_label": tv.label,
-            "target_model": tv.model, "k": k, "predicted_tokens_per_second": tps, "alpha": alpha,
-            "c": c, "beta": beta, "reason": reason}
-
-
-# --- the whole measurement ----------------------------------------------------------------------
 
 def rank_configurations(draft_models: Sequence[str | None] = (None,),
                         target_models: Sequence[str | None] = (None,), *,
@@ -365,7 +61,9 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
     say = progress or (lambda _msg: None)
     names = model_backends(backends)
     t0 = time.perf_counter()
-    tv = sorted(variants(target_models, "target", names), key=lambda v: v.backend != "gguf")  # fast first
+    # a backend whose plain decoding is fast writes the reference text
+    tv = sorted(variants(target_models, "target", names),
+                key=lambda v: not backend_class(v.backend).fast_plain)
     draft_names = model_backends(draft_backends) if draft_backends else names
     dv = variants(draft_models, "draft", draft_names) + [Variant("draft", d, None, {}, "lookup", "prompt")
                                                          for d in (("ngram",) if drafts is None else drafts)]
@@ -382,9 +80,9 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
         t1 = time.perf_counter()
         try:
             backend = load_backend(v.backend, v.model, v.options, role="target")
-            if vocab is None:
-                vocab = backend.vocab
+            if texts is None:  # the first target that writes one gives the reference text
                 texts, starts = reference_texts(backend, prompts, params, run_tokens, seed)
+                vocab = backend.vocab
             check_compatible(backend.vocab, vocab)
             targets.append(probe_target(v, backend, k_max, params, texts, starts, vocab.size))
             targets[-1].seconds = time.perf_counter() - t1

@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,6 +45,13 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "synthetic": (),
     "mlx": ("mlx", "mlx_lm"),
     "gguf": ("llama_cpp",),
+    "torch": ("torch", "transformers", "safetensors"),
+}
+# the distributions whose versions results and --version report, per built-in
+LIBRARIES: dict[str, tuple[str, ...]] = {
+    "synthetic": (),
+    "mlx": ("mlx", "mlx-lm"),
+    "gguf": ("llama-cpp-python",),
     "torch": ("torch", "transformers", "safetensors"),
 }
 
@@ -133,6 +141,10 @@ class BaseBackend:
     resolved: dict  # option values after defaults and hardware detection
     # the model files it loads: "gguf" (a .gguf file), "hf" (a Hugging Face folder)
     formats: ClassVar[tuple[str, ...]] = ()
+    # the formats among those it loads through a conversion (its weights are the source's)
+    converted_formats: ClassVar[tuple[str, ...]] = ()
+    # plain decoding is usually the fastest here: advise lets such a backend write its reference text
+    fast_plain: ClassVar[bool] = False
 
     @property
     def n_past(self) -> int:
@@ -151,6 +163,8 @@ class BaseBackend:
         raise NotImplementedError
 
     def decode(self, ids: Sequence[int]) -> str:
+        """ids -> text. One rule for every backend: special tokens (EOS, BOS, control tokens such
+        as a chat template's markers) are not rendered."""
         raise NotImplementedError
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
@@ -194,6 +208,25 @@ class BaseBackend:
         return ["cpu"]
 
     @classmethod
+    def variants(cls, model: str | None, role: str = "target") -> list[tuple[dict[str, Any], str]]:
+        """The precisions this backend can run ``model`` in (None: its default model for ``role``),
+        each as (the options that select it, its name). Default: the model as it is."""
+        return [({}, "native")]
+
+    @classmethod
+    def source_name(cls, model: str | None, role: str = "target") -> str:
+        """The weights' name: one output distribution is one source in one precision."""
+        if model is None:
+            return f"{cls.name} default {role}"
+        path = Path(model)
+        return path.parent.name if path.name == "model.gguf" else path.name  # the cache's model.gguf
+
+    @classmethod
+    def default_files(cls, role: str = "target") -> list[str]:
+        """What results fingerprint when this backend loads its default model (none: nothing)."""
+        return []
+
+    @classmethod
     def peek_vocab(cls, model: str | None, role: str = "target", **options: Any) -> Vocab | None:
         """The vocabulary without loading the weights, where the backend can read it alone
         (None: it cannot, and the vocabulary is checked after loading)."""
@@ -220,6 +253,14 @@ def library_version(dist: str) -> str | None:
         return importlib.metadata.version(dist) if dist else None
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def libraries() -> list[str]:
+    """numpy, every built-in's libraries, then the distributions that register plugin backends."""
+    names = ["numpy", *(lib for libs in LIBRARIES.values() for lib in libs)]
+    plugins = {ep.dist.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+               if ep.dist is not None} - {"specmac"}
+    return names + sorted(plugins - set(names))
 
 
 def registry() -> dict[str, str]:

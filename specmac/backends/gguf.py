@@ -92,6 +92,26 @@ def resolve_model(model: str | None, role: str, quant: str | None) -> tuple[str,
                         "repo_id:filename from the hub")
 
 
+# llama.cpp's llama_ftype values (general.file_type of a GGUF) -> the type's name
+FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+          11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+          17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+GGUF_TYPE = re.compile(r"(?i)(?:^|[-_.])(f32|f16|bf16|q8_0|q6_k|q5_k_[ms]|q5_[01]|q4_k_[ms]|q4_[01]|"
+                       r"q3_k_[sml]|q2_k|iq\w+)(?=\.gguf$|[-_.])")
+
+
+def gguf_type(path: str) -> str:
+    """The GGUF's type as the file says (general.file_type), else as its name says."""
+    try:
+        ft = file_type(Path(path))
+        if ft in FTYPES:
+            return FTYPES[ft]
+    except (OSError, ValueError):
+        pass
+    m = GGUF_TYPE.search(Path(path).name)
+    return m.group(1).upper() if m else "GGUF"
+
+
 def file_type(path: Path) -> int | None:
     """general.file_type of a GGUF (a llama_ftype), read with gguf-py if it is installed."""
     try:
@@ -223,6 +243,8 @@ class GGUFBackend(BaseBackend):
     name = "gguf"
     library = "llama-cpp-python"
     formats = ("gguf", "hf")  # a .gguf file; an HF folder is converted to GGUF once (cached)
+    converted_formats = ("hf",)
+    fast_plain = True
     options = {
         "quant": Option(str, None, "GGUF type: of the embedded pair (f16|q8_0, default q8_0), or a given "
                                    "GGUF/folder requantised once (cached; default as given)",
@@ -300,6 +322,20 @@ class GGUFBackend(BaseBackend):
     def devices(cls) -> list[str]:
         dev = gpu_offload()
         return ["cpu", dev] if dev else ["cpu"]
+
+    @classmethod
+    def variants(cls, model: str | None, role: str = "target") -> list[tuple[dict, str]]:
+        """A .gguf file in its own type; an HF folder converted to F16; the embedded pair in every
+        type it ships."""
+        if model is None:
+            from specmac import assets
+
+            return [({"quant": q}, q.upper()) for q in assets.GGUF_TYPES]
+        return [({}, gguf_type(model) if Path(model).suffix == ".gguf" else "F16")]
+
+    @classmethod
+    def source_name(cls, model: str | None, role: str = "target") -> str:
+        return f"embedded {role}" if model is None else super().source_name(model, role)
 
     @classmethod
     def peek_vocab(cls, model: str | None, role: str = "target", **opts) -> Vocab:
@@ -380,7 +416,7 @@ class GGUFBackend(BaseBackend):
         size = max(64, 8 * len(ids))
         for _ in range(2):
             buf = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_detokenize(self._vocab_p, arr, len(ids), buf, size, True, True)
+            n = llama_cpp.llama_detokenize(self._vocab_p, arr, len(ids), buf, size, True, False)
             if n >= 0:
                 return buf.raw[:n].decode("utf-8", errors="replace")
             size = -n

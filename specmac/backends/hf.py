@@ -147,3 +147,25 @@ def apply_chat_template(tokenizer, prompt: str) -> str:
         raise SpecmacError("chat: this model has no chat template: give the prompt without one", param="chat")
     return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)
+
+
+DTYPES = ("float32", "bfloat16")  # the precisions advise tries an HF model in on torch and mlx
+
+
+class HFFolderMixin:
+    """What torch and mlx share as HF-folder backends: the dtypes a model runs in, the embedded
+    pair's folders as its default model."""
+
+    @classmethod
+    def variants(cls, model: str | None, role: str = "target") -> list[tuple[dict, str]]:
+        return [({"dtype": d}, d) for d in DTYPES]
+
+    @classmethod
+    def source_name(cls, model: str | None, role: str = "target") -> str:
+        return f"embedded {role}" if model is None else super().source_name(model, role)
+
+    @classmethod
+    def default_files(cls, role: str = "target") -> list[str]:
+        from specmac import assets
+
+        return [str(assets.hf_dir(role))]

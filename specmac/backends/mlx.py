@@ -50,10 +50,11 @@ def read_config(folder: Path) -> dict:
     return cfg | cfg.get("text_config", {})  # multimodal configs nest the language model's fields
 
 
-class MLXBackend(BaseBackend):
+class MLXBackend(hf.HFFolderMixin, BaseBackend):
     name = "mlx"
     library = "mlx-lm"
     formats = ("hf", "gguf")  # an HF folder; a .gguf file is dequantised once (cached)
+    converted_formats = ("gguf",)
     options = {
         "dtype": Option(str, None, "weights and activations; default float32 on the CPU, float16 on "
                         "the GPU", choices=tuple(DTYPES)),

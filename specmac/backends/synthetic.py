@@ -25,6 +25,14 @@ ALPHABET = string.ascii_lowercase + " " + string.digits + string.ascii_uppercase
 class SyntheticBackend(BaseBackend):
     name = "synthetic"
     library = "numpy"
+
+    @classmethod
+    def variants(cls, model: str | None, role: str = "target") -> list[tuple[dict, str]]:
+        return [({}, "float32")]
+
+    @classmethod
+    def source_name(cls, model: str | None, role: str = "target") -> str:
+        return "synthetic pair"
     options = {
         "vocab_size": Option(int, 48, "number of ids including EOS, 3..%d" % (len(ALPHABET) + 1),
                              lo=3, hi=len(ALPHABET) + 1),

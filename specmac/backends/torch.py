@@ -44,10 +44,11 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-class TorchBackend(BaseBackend):
+class TorchBackend(hf.HFFolderMixin, BaseBackend):
     name = "torch"
     library = "transformers"
     formats = ("hf", "gguf")  # an HF folder; a .gguf file is dequantised once (cached)
+    converted_formats = ("gguf",)
     options = {
         "device": Option(str, None, "cpu, mps or cuda; default the first available of cuda, mps, cpu",
                          ("cpu", "mps", "cuda")),
@@ -140,7 +141,7 @@ class TorchBackend(BaseBackend):
         return self.tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode([int(i) for i in ids])
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
     def apply_chat_template(self, prompt: str) -> str:
         return hf.apply_chat_template(self.tokenizer, prompt)

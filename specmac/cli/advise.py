@@ -123,11 +123,11 @@ def _print_ranking(r: dict) -> None:
 
 def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plot, out) -> None:
     """Predict the speedup of one pairing for K = 1..16 from measured costs and acceptance."""
-    from specmac.advise.shortrun import advise as run_advise
+    from specmac.advise.pairing import advise_pair
     from specmac.compare.results import model_files, plot_speedup, provenance
 
     pair = load_pair(kw)
-    record = run_advise(pair, params=params, prompts=list(prompts) or None,
+    record = advise_pair(pair, params=params, prompts=list(prompts) or None,
                         run_tokens=run_tokens, context=context, repeats=repeats, seed=kw["seed"])
     models = model_files(pair.target, kw["target_model"], "target")
     if pair.drafter.backend is not None:

@@ -131,23 +131,10 @@ def _sigterm_like_ctrl_c() -> None:
 
 def _version_message() -> str:
     from specmac import __version__
-    from specmac.backends import library_version
+    from specmac.backends import libraries, library_version
 
-    libs = ["numpy", "mlx", "mlx-lm", "llama-cpp-python", "torch", "transformers", "safetensors"]
-    libs += [d for d in _plugin_distributions() if d not in libs]
-    found = [f"{lib} {v}" for lib in libs if (v := library_version(lib))]
+    found = [f"{lib} {v}" for lib in libraries() if (v := library_version(lib))]
     return f"specmac {__version__} ({', '.join(found)})"
-
-
-def _plugin_distributions() -> list[str]:
-    """Distributions (other than specmac) that register backends through the entry-point group."""
-    import importlib.metadata
-
-    from specmac.backends import ENTRY_POINT_GROUP
-
-    names = {ep.dist.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-             if ep.dist is not None}
-    return sorted(names - {"specmac"})
 
 
 def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmac.advise.shortrun import advise
+from specmac.advise.pairing import advise_pair
 from specmac.api import Pair
 from specmac.backends import BaseBackend, load_backend
 from specmac.compare.results import provenance
@@ -210,14 +210,14 @@ def _per_position(rs: list[dict]) -> list[float | None]:
 # --- the cost model's prediction ----------------------------------------------------------------
 
 def predict(settings: Settings, loaded: Loaded) -> dict[str, dict]:
-    """advise() for every pairing, made before the measurement: pairing id -> its answer (or
+    """advise_pair() for every pairing, made before the measurement: pairing id -> its answer (or
     {"error": ...} when the cost model cannot say, e.g. a probe that fails on this backend).
     Acceptance comes from the first ADVISE_PROMPTS prompts of the run's set."""
     out = {}
     for p in settings.pairs:
         pair = loaded.pair(Config(p.draft, p.target, 1))
         try:
-            out[p.id] = advise(pair, params=settings.params, k_max=max(settings.ks), seed=settings.seed,
+            out[p.id] = advise_pair(pair, params=settings.params, k_max=max(settings.ks), seed=settings.seed,
                                prompts=[q["text"] for q in settings.prompts[:ADVISE_PROMPTS]])
         except (SpecmacError, ValueError) as e:
             out[p.id] = {"error": str(e)}

@@ -189,7 +189,7 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
            "mismatch names the prompt and the token where they part, and is a near-tie flip when the "
            "target's top-2 logit gap there is below its batched-vs-serial logit difference at that "
            "point, else NOT near-tie: a bug.",
-           "- Predicted: `specmac.advise.shortrun.advise` for each pairing, run before the measurement "
+           "- Predicted: `specmac.advise.pairing.advise_pair` for each pairing, run before the measurement "
            f"(acceptance from the first {ADVISE_PROMPTS} prompts)."]
     out += [f"- No prediction for {p}: {e}" for p, e in errors.items()]
     out.append("- Backends: " + "; ".join(

@@ -21,7 +21,6 @@ from typing import Any
 from specmac.errors import BadOption
 from specmac.files import write_json  # noqa: F401  (re-exported: the bench scripts' writer)
 
-LIBRARIES = ("numpy", "mlx", "mlx-lm", "llama-cpp-python", "torch", "transformers")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -81,17 +80,13 @@ def converted_from(path: Path) -> dict | None:
 def model_files(backend: Any, model: str | None, role: str = "target") -> list[str]:
     """What to fingerprint for a loaded backend: the file or folder it loaded (a converted one from
     the cache, the embedded pair's GGUF of its quant, the user's model), or the user's model (hub
-    ids as ids); for torch and mlx with no model, the embedded HF folder; nothing for synthetic."""
+    ids as ids); with no model, what the backend says its default model is (``default_files``)."""
     path = getattr(backend, "resolved", {}).get("path")
     if path and Path(path).exists():
         return [str(path)]
     if model:
         return [model]
-    from specmac import assets
-
-    if backend.name in ("torch", "mlx"):
-        return [str(assets.hf_dir(role))]
-    return []
+    return type(backend).default_files(role)
 
 
 def memory_bytes() -> int | None:
@@ -120,7 +115,7 @@ def _cpu_model() -> str:
 def provenance(command: str | None = None, models: Sequence[str | Path | None] = ()) -> dict:
     """Where a result came from: command, git sha, UTC time, versions, machine, model SHA-256."""
     from specmac import __version__
-    from specmac.backends import library_version
+    from specmac.backends import libraries, library_version
 
     return {
         "command": command if command is not None else " ".join(sys.argv),
@@ -128,7 +123,7 @@ def provenance(command: str | None = None, models: Sequence[str | Path | None] =
         "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "specmac": __version__,
         "python": platform.python_version(),
-        "libraries": {lib: library_version(lib) for lib in LIBRARIES},
+        "libraries": {lib: library_version(lib) for lib in libraries()},
         "machine": machine(),
         "models": model_fingerprints(models),
     }

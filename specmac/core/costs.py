@@ -10,7 +10,7 @@ T_t(K + 1) is the *measured* time of a batched pass (probe-parallelism), not T_t
 that verifies serially it grows like (K + 1) * T_t(1) and speculation cannot pay.
 
 Pure numpy: costs in, predictions out. The policies that use these formulas online are in
-``specmac.core.policy``; the harness that measures the costs is ``specmac.advise.shortrun``.
+``specmac.core.policy``; advise measures the costs (``specmac.advise``).
 """
 
 from __future__ import annotations

@@ -61,6 +61,15 @@ def read_sidecar(entry: Path) -> dict | None:
         return None
 
 
+def derived_from(path: Path) -> str | None:
+    """The resolved source a cached file was made from (its entry's sidecar), if it is one."""
+    meta = read_sidecar(path.parent) if path.is_file() else None
+    try:
+        return str(Path(meta["source"]).resolve()) if meta else None
+    except (KeyError, TypeError, OSError):
+        return None
+
+
 def entries() -> Iterator[tuple[Path, dict]]:
     """Every complete entry with its sidecar, sorted by name (temporary folders excluded)."""
     root = cache_root()

@@ -3,8 +3,8 @@
 
 Each conversion runs once per (source, format, precision) and lands in the cache folder
 (``specmac.backends.conversion.cache``) with its source's SHA-256 beside it. Frameworks are
-imported inside the functions, so the torch and mlx backends can use the GGUF path without llama-cpp-python and the
-gguf backend can use the HF path without torch.
+imported inside the functions, so the torch and mlx backends can use the GGUF path without
+llama-cpp-python and the gguf backend can use the HF path without torch.
 """
 
 from __future__ import annotations

@@ -1,0 +1,113 @@
+"""What advise measures, once per model variant: a target's pass T(n) and the loop's own cost per
+step, a draft's one-token pass and its prefill of the prompts, and each one's logits on a reference
+text the target wrote itself (teacher forcing). Acceptance follows from the logits alone
+(``specmac.advise.predict``), so no speculative run is needed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specmac.advise.variants import Variant
+from specmac.api import Pair
+from specmac.backends import BaseBackend
+from specmac.core.calibration import pass_costs
+from specmac.core.drafters import NoDraft, lookup
+from specmac.core.sampling import SamplingParams, warp
+from specmac.core.timing import time_single
+from specmac.errors import SpecmacError
+from specmac.vocab import align_logits
+
+
+def warp_cost_ms(n_logits: int, n_vocab: int, params: Any, n: int, repeats: int = 15) -> float:
+    """Median ms the loop spends on n logit rows before the rule reads them: aligning them, then
+    the argmax (greedy) or warping them into probabilities. For sampling an upper bound: the loop
+    warps rows lazily, and rows past the first rejection are never warped."""
+    x = np.random.default_rng(0).standard_normal((n, n_logits)).astype(np.float32)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        rows = align_logits(x, n_vocab)
+        np.argmax(rows, axis=-1) if params.greedy else warp(rows, params)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
+@dataclass
+class Probe:
+    """What one variant costs and what it predicts on the reference text."""
+
+    variant: Variant
+    t_pass: list[float] = field(default_factory=list)  # seconds, T(n) for n = 1..; drafts: [T_d(1)]
+    t_step: float = 0.0  # seconds the loop adds per step (targets)
+    rows: list = field(default_factory=list)  # per text: argmax ids, warped probs or n-gram lookups
+    t_prefill: float = 0.0  # seconds a draft takes to prefill a prompt (median over the reference's)
+    seconds: float = 0.0  # what loading and probing this variant took (the reference text included)
+
+
+def _rows(backend: BaseBackend, texts: list[list[int]], starts: list[int], params: SamplingParams,
+          n_vocab: int, prefills: list[float] | None = None) -> list[np.ndarray]:
+    """Teacher forcing: per text, the distribution (sampled: warped probabilities, float32) or the
+    argmax (greedy) at every position that predicts a reference token. The prompt is prefilled
+    first, as a draft in the loop does it, and its seconds appended to ``prefills``."""
+    out = []
+    for ids, start in zip(texts, starts):
+        backend.reset()
+        t0 = time.perf_counter()
+        last = np.asarray(backend.prefill(ids[:start]))
+        if prefills is not None:
+            prefills.append(time.perf_counter() - t0)
+        rest = backend.score(ids[start:-1]) if len(ids) - 1 > start else np.empty((0, last.shape[-1]))
+        logits = align_logits(np.vstack([last[None], np.asarray(rest)]), n_vocab)
+        out.append(np.argmax(logits, axis=-1) if params.greedy else warp(logits, params).astype(np.float32))
+    backend.reset()
+    return out
+
+
+def reference_texts(target: BaseBackend, prompts: Sequence[str], params: SamplingParams, run_tokens: int,
+                    seed: int) -> tuple[list[list[int]], list[int]]:
+    """Prompt + the target's own continuation (the text the loop will verify), and where each
+    continuation starts."""
+    plain = Pair(target, NoDraft())
+    texts, starts = [], []
+    for i, prompt in enumerate(prompts):
+        ids = plain.encode(prompt)
+        out = plain.generate(ids, params=params, max_tokens=run_tokens, seed=seed + i).token_ids
+        if out:
+            texts.append(ids + out)
+            starts.append(len(ids))
+    if not texts:
+        raise SpecmacError("the reference target wrote nothing after the prompts: give other prompts")
+    return texts, starts
+
+
+def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingParams, texts, starts,
+                 n_vocab: int, t_pass: list[float] | None = None) -> Probe:
+    """A target's costs (``t_pass``: T(n) already measured, else timed here) and its rows."""
+    if t_pass is None:
+        t_pass, _ = pass_costs(backend, None, k_max, repeats=3)
+    plain = Pair(backend, NoDraft())
+    events = list(plain.stream(texts[0][: starts[0]], params=params, max_tokens=6, seed=0))[1:]
+    # the loop's own work per step, timed apart from the pass: a step's time less the probe's
+    # T(1) would also count the pass's drift between the two timings (results/anatomy)
+    t_step = float(np.median([e.t_draft + e.t_other for e in events])) if events else 0.0
+    return Probe(v, t_pass, t_step, _rows(backend, texts, starts, params, n_vocab))
+
+
+def probe_draft(v: Variant, backend: BaseBackend | None, params: SamplingParams, texts, starts,
+                n_vocab: int, k_max: int) -> Probe:
+    if backend is None:  # n-gram lookup: what it would copy at each position of the reference
+        t0 = time.perf_counter()
+        rows = [[lookup(ids[:i], k_max) for i in range(start, len(ids))] for ids, start in zip(texts, starts)]
+        t = (time.perf_counter() - t0) / max(sum(len(r) for r in rows), 1)
+        return Probe(v, [t], 0.0, rows)
+    t_d = time_single(backend, context=min(16, backend.n_ctx - 1), repeats=5, warmup=1)["median_ms"] / 1e3
+    prefills: list[float] = []
+    rows = _rows(backend, texts, starts, params, n_vocab, prefills)
+    return Probe(v, [t_d], 0.0, rows, t_prefill=float(np.median(prefills)))
+
+
