@@ -21,7 +21,6 @@ from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.api import Pair
 from specmac.compare.results import model_files, provenance, write_json
-from specmac.core.drafters import NoDraft
 from specmac.core.prompts import default_prompts
 from specmac.core.sampling import SamplingParams
 from specmac.probes import probe_parallelism
@@ -47,7 +46,7 @@ def main() -> None:
     traces = []
     for text in prompts:
         ids = pair.encode(text)
-        out = Pair(pair.target, NoDraft()).generate(ids, params=SamplingParams(0.0), max_tokens=args.tokens)
+        out = pair.plain().generate(ids, params=SamplingParams(0.0), max_tokens=args.tokens)
         toks = list(out.token_ids)
         draft.reset()
         if len(ids) > 1:

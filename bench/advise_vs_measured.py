@@ -22,17 +22,16 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac import assets
 from specmac.advise.pairing import advise_pair as advise
-from specmac.api import Pair
 from specmac.backends import missing_requirements
 from specmac.compare.measure import (
-    BASELINE,
+    AUTO,
+    PLAIN,
     Config,
     Loaded,
     PairSpec,
@@ -44,7 +43,7 @@ from specmac.compare.measure import (
     spread,
 )
 from specmac.compare.results import model_files, plot_speedup, provenance, write_json
-from specmac.core.policy import AdaptiveK, KPolicy
+from specmac.core.policy import AdaptiveK
 from specmac.core.prompts import advise_prompts
 from specmac.core.replay import replay_greedy
 from specmac.core.sampling import SamplingParams
@@ -56,7 +55,6 @@ TRACE = REPO / "tests" / "data" / "qwen_greedy_acceptance.json"
 # tokens as the timed runs: the comparison tests the cost model, not how well one text predicts another
 PROMPTS = advise_prompts()
 GREEDY = SamplingParams(0.0)  # every method emits the same tokens, so the timings compare like with like
-AUTO = 0  # here a speculative Config with k = 0 stands for K = auto (compare's configurations hold ints)
 
 
 def pairings(models: Path) -> list[dict]:
@@ -91,35 +89,6 @@ def skip_reason(p: dict) -> str | None:
             return f"{backend} backend not installed"
     missing = [str(f) for f in p["needs"] if not Path(f).exists()]
     return f"model not found: {missing[0]}" if missing else None
-
-
-class AutoPair(Pair):
-    """A pair whose every generation runs with k="auto" (a fresh, calibrated AdaptiveK, as
-    `specmac run --k auto` makes), keeping the K each step took."""
-
-    def __init__(self, pair: Pair) -> None:
-        super().__init__(pair.target, pair.drafter)
-        self.histories: list[list[int]] = []  # one per generation, the warm-up first
-
-    def policy(self, k=4, max_tokens=None) -> KPolicy:
-        if isinstance(k, KPolicy):  # generate() hands its policy on to stream()
-            return k
-        policy = super().policy("auto", max_tokens)
-        assert isinstance(policy, AdaptiveK)
-        self.histories.append(policy.history)
-        return policy
-
-
-@dataclass
-class WithAuto(Loaded):
-    """compare's loaded models, where a speculative Config with k = AUTO is measured at K = auto."""
-
-    autos: dict[str, AutoPair] = field(default_factory=dict)
-
-    def pair(self, c: Config) -> Pair:
-        if c.baseline or c.k != AUTO:
-            return super().pair(c)
-        return self.autos.setdefault(c.id, AutoPair(super().pair(c)))
 
 
 def settings_of(p: dict, ks: list[int], repeats: int) -> Settings:
@@ -164,7 +133,7 @@ def models_of(loaded: Loaded, p: dict) -> list[str]:
 
 def measure_pairing(p: dict, repeats: int) -> dict:
     first = settings_of(p, [1], repeats)
-    loaded = WithAuto(**vars(load_models(first)))
+    loaded = load_models(first)
     rec = advise(loaded.pair(Config(p["draft"], p["target"], 1)), params=GREEDY, prompts=PROMPTS,
                  run_tokens=p["max_tokens"])
     fixed = sorted(set(p.get("ks", (1, 2, 4, 8))) | {rec["best_k"]})
@@ -176,14 +145,14 @@ def measure_pairing(p: dict, repeats: int) -> dict:
     by_config: dict[str, list[dict]] = {}
     for r in runs:
         by_config.setdefault(r["config"], []).append(r)
-    base_id = Config(BASELINE, p["target"], 0).id
+    base_id = Config(PLAIN, p["target"], 0).id
     base = summarise(by_config[base_id], agg[base_id], None)
     base.pop("same_text", None)
     measured = []
     for k in [*fixed, "auto"]:
-        cid = Config(p["draft"], p["target"], AUTO if k == "auto" else k).id
-        auto = loaded.autos.get(cid)
-        m = summarise(by_config[cid], agg[cid], auto.histories[1:] if auto else None)  # [0]: warm-up
+        cid = Config(p["draft"], p["target"], k).id
+        histories = [r["k_steps"] for r in by_config[cid] if "k_steps" in r]  # K = auto's choices
+        m = summarise(by_config[cid], agg[cid], histories or None)
         m.update(k=k, speedup=m["tokens_per_second"] / base["tokens_per_second"],
                  speedup_min=m["min"] / base["max"], speedup_max=m["max"] / base["min"])
         measured.append(m)

@@ -27,19 +27,15 @@ from llamacpp_peer import ENV, EXAMPLE, find_example, speculative_peer
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.advise.rank import rank_configurations
-from specmac.api import Pair
 from specmac.backends import load_backend, missing_requirements
-from specmac.compare.measure import Config, Loaded, PairSpec, Settings, aggregate, measure
+from specmac.compare.measure import AUTO, Loaded, PairSpec, Settings, aggregate, measure
 from specmac.compare.results import provenance, write_json
-from specmac.core.calibration import pass_costs
 from specmac.core.drafters import Drafter, ModelDrafter, NgramDrafter
-from specmac.core.policy import AdaptiveK, KPolicy
 from specmac.core.prompts import advise_prompts, read_prompts
 from specmac.core.sampling import SamplingParams
 from specmac.probes import probe_parallelism
 
 HERE = Path(__file__).resolve().parent
-AUTO = 0  # a speculative Config with k = 0 stands for K = auto (compare's configurations hold ints)
 TARGETS = {  # name: backend, model, options, precision group (same weights, same precision)
     "gguf-q4": ("gguf", QWEN_15B_GGUF, {}, "Q4_K_M"),
     "gguf-f16": ("gguf", QWEN_15B_GGUF, {"quant": "f16"}, "F16"),
@@ -62,39 +58,6 @@ CONFIGS = [  # (draft, target)
     ("gguf-q4", "torch-bf16"), ("torch-bf16", "torch-bf16"),
     ("gguf-q4", "torch-fp32"),
 ]
-
-
-class AutoPair(Pair):
-    """Every generation at k="auto": a fresh AdaptiveK started from this target's and draft's pass
-    costs, measured once (what `specmac run --k auto` measures before every run)."""
-
-    def __init__(self, target, drafter) -> None:
-        super().__init__(target, drafter)
-        self.costs: tuple = ()
-        self.histories: list[list[int]] = []
-
-    def policy(self, k=4, max_tokens=None) -> KPolicy:
-        if isinstance(k, KPolicy):
-            return k
-        if not self.costs:
-            self.costs = pass_costs(self.target, self.drafter.backend, 16)
-        policy = AdaptiveK(horizon=max_tokens)
-        policy.set_costs(*self.costs)
-        self.histories.append(policy.history)
-        return policy
-
-
-class WithAuto(Loaded):
-    def __init__(self, targets, drafters):
-        super().__init__(targets, drafters)
-        self.autos: dict[str, AutoPair] = {}
-
-    def pair(self, c: Config) -> Pair:
-        if c.baseline or c.k != AUTO:
-            return super().pair(c)
-        if c.id not in self.autos:
-            self.autos[c.id] = AutoPair(self.targets[c.target], self.drafters[c.draft])
-        return self.autos[c.id]
 
 
 def load_draft(name: str, models: Path) -> Drafter:
@@ -192,7 +155,7 @@ def measure_target(name: str, configs: list, args, prompts: list[dict], params: 
     print(f"{name}: loaded in {time.perf_counter() - t0:.0f} s; probing parallelism", file=sys.stderr)
     probe = probe_parallelism(target, n_max=9, context=64, repeats=2)
     drafts = {d: load_draft(d, args.models_dir) for d, t in configs if t == name}
-    loaded = WithAuto({name: target}, drafts)
+    loaded = Loaded({name: target}, drafts)
     by_ks: dict[tuple, list[str]] = {}  # drafts measured together share a K list (and a baseline)
     for d in drafts:
         by_ks.setdefault(tuple(args.ks_of.get((d, name), KS_OF.get((d, name), args.ks))), []).append(d)
@@ -207,14 +170,12 @@ def measure_target(name: str, configs: list, args, prompts: list[dict], params: 
         runs += got
         rows += [r for r in aggregate(got, params.greedy) if not (rows and r["draft"] == "none")]
     for r in rows:
-        auto = loaded.autos.get(r["config"])
-        if auto is not None:
-            ks = [k for h in auto.histories[1:] for k in h]  # [0] is the warm-up run
-            r["k"] = "auto"
+        if r["k"] == AUTO:  # the K its steps chose, from the runs' own records
+            histories = [run["k_steps"] for run in runs if run["config"] == r["config"]]
+            ks = [k for h in histories for k in h]
             r["k_chosen_median"] = statistics.median(ks) if ks else None
             r["share_no_drafts"] = ks.count(0) / len(ks) if ks else None
-            r["calibration_ms"] = {"target": [1e3 * t for t in auto.costs[0]], "draft": 1e3 * auto.costs[1]}
-            r["k_histories"] = auto.histories[1:]
+            r["k_histories"] = histories
     peer_rows = [] if args.skip_peers else peers(name, target, drafts, prompts, params, args.max_tokens,
                                                  args.ks, args.models_dir, args.llama_cpp_bin)
     return {"target": name, "group": group, "backend": backend, "options": opts,

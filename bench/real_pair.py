@@ -25,7 +25,7 @@ from pathlib import Path
 from models import QWEN_05B_GGUF, QWEN_05B_HF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.backends import load_backend
-from specmac.compare.measure import BASELINE, Config, Loaded, PairSpec, Settings, aggregate, measure
+from specmac.compare.measure import PLAIN, Config, Loaded, PairSpec, Settings, aggregate, measure
 from specmac.compare.results import provenance, write_json
 from specmac.core.drafters import load_drafter
 from specmac.core.sampling import SamplingParams
@@ -46,7 +46,7 @@ def measure_draft(loaded: Loaded, name: str, args: argparse.Namespace) -> dict:
     row = {"draft": name, "target": "gguf", "vocab_check": "compatible",
            "draft_info": drafter.backend.info(), "k": args.k}
     prompts = [{"id": f"p{i}", "text": t} for i, t in enumerate(PROMPTS)]
-    spec_id, base_id = Config(name, "gguf", args.k).id, Config(BASELINE, "gguf", 0).id
+    spec_id, base_id = Config(name, "gguf", args.k).id, Config(PLAIN, "gguf", 0).id
     for temp in (0.0, 1.0):
         settings = Settings(pairs=[PairSpec(name, "gguf")], ks=[args.k], prompts=prompts,
                             params=SamplingParams(temp), max_tokens=args.max_tokens, repeats=args.repeats)

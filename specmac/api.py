@@ -14,16 +14,15 @@ from typing import Any
 import numpy as np
 
 from specmac.backends import BaseBackend, load_backend
-from specmac.core.drafters import Drafter, NoDraft, check_draft_args, load_drafter
+from specmac.core.drafters import Drafter, PlainDecoding, check_draft_args, load_drafter
 from specmac.core.loop import Event, speculative_steps
-from specmac.core.policy import FixedK, KPolicy
-from specmac.core.rejection import VerifyRule
+from specmac.core.policy import K_DEFAULT, K_LIMIT, FixedK, KPolicy
+from specmac.core.rejection import AcceptRule
 from specmac.core.runstats import RunStats
 from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption
 
 MAX_TOKENS = 128  # tokens a run writes unless told otherwise
-K_MAX = 256  # drafts per step: beyond this no draft's acceptance pays, and the per-position stats grow
 
 
 @dataclass
@@ -55,9 +54,9 @@ class Pair:
         tb = load_backend(target, target_model, target_options, role="target")
         return cls(tb, load_drafter(draft, draft_model, draft_options, target_vocab=tb.vocab))
 
-    def baseline(self) -> Pair:
-        """The same target with no drafter: target-only decoding."""
-        return Pair(self.target, NoDraft())
+    def plain(self) -> Pair:
+        """The same target with no drafter: plain decoding."""
+        return Pair(self.target, PlainDecoding())
 
     @property
     def speculative(self) -> bool:
@@ -66,31 +65,40 @@ class Pair:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         return self.target.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    def policy(self, k: int | str | KPolicy = 4, max_tokens: int | None = None) -> KPolicy:
-        """The K policy that ``k`` names: an integer >= 1 (FixedK), "auto" (AdaptiveK started from
-        this pair's measured costs, see specmac.core.calibration; ``max_tokens``, the run's length,
-        sizes its exploration budget from the first step) or a policy object, returned as is."""
+    def policy(self, k: int | str | KPolicy = K_DEFAULT, max_tokens: int | None = None) -> KPolicy:
+        """The K policy that ``k`` names, at no cost: an integer >= 1 (FixedK) or a policy object,
+        returned as is. "auto" needs the pair's pass costs: it is ``timed_auto_policy``."""
         if isinstance(k, KPolicy):
             return k
         if check_k(k) == "auto":
-            from specmac.core.calibration import adaptive_policy
-
-            return adaptive_policy(self.target, self.drafter.backend, horizon=max_tokens)
+            raise BadOption("k 'auto' is timed from the pair's passes: call timed_auto_policy(max_tokens) "
+                            "(or pass k='auto' to generate or stream)", param="k")
         return FixedK(int(k))
 
+    def timed_auto_policy(self, max_tokens: int | None = None) -> KPolicy:
+        """K = auto: an AdaptiveK started from this pair's pass costs, timed now (seconds on a large
+        model) or kept from an earlier run (see specmac.core.calibration). ``max_tokens``, the
+        run's length, sizes its exploration budget."""
+        from specmac.core.calibration import adaptive_policy
+
+        return adaptive_policy(self.target, self.drafter.backend, horizon=max_tokens)
+
+    def _resolve(self, k: int | str | KPolicy, max_tokens: int | None) -> KPolicy:
+        return self.timed_auto_policy(max_tokens) if isinstance(k, str) and k == "auto" else self.policy(k)
+
     def stream(self, prompt: str | Sequence[int], *, params: SamplingParams | None = None,
-               max_tokens: int = MAX_TOKENS, k: int | str | KPolicy = 4, seed: int = 0,
-               rule: VerifyRule | None = None) -> Iterator[Event]:
+               max_tokens: int = MAX_TOKENS, k: int | str | KPolicy = K_DEFAULT, seed: int = 0,
+               rule: AcceptRule | None = None) -> Iterator[Event]:
         """k: drafts per step, "auto" (adaptive, from the cost model), or a policy object."""
         check_max_tokens(max_tokens)
         check_seed(seed)
-        policy = self.policy(k, max_tokens)
+        policy = self._resolve(k, max_tokens)
         return speculative_steps(self.target, self.drafter, self.encode(prompt),
                                  params=params or SamplingParams(), max_tokens=max_tokens,
                                  rng=np.random.default_rng(seed), k=policy, rule=rule)
 
     def generate(self, prompt: str | Sequence[int], **kw) -> Generation:
-        policy = self.policy(kw.pop("k", 4), kw.get("max_tokens", MAX_TOKENS))
+        policy = self._resolve(kw.pop("k", K_DEFAULT), kw.get("max_tokens", MAX_TOKENS))
         stats = RunStats(k=policy.k if isinstance(policy, FixedK) else getattr(policy, "label", "auto"))
         ids: list[int] = []
         for event in self.stream(prompt, k=policy, **kw):
@@ -103,11 +111,11 @@ class Pair:
 
 
 def check_k(k: Any) -> int | str:
-    """An integer 1..K_MAX (not a bool, not a float) or "auto"; anything else is a BadOption."""
+    """An integer 1..K_LIMIT (not a bool, not a float) or "auto"; anything else is a BadOption."""
     if isinstance(k, str) and k == "auto":
         return k
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= K_MAX:
-        raise BadOption(f"k {k!r} is out of range: use an integer 1..{K_MAX} (or 'auto')", param="k")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= K_LIMIT:
+        raise BadOption(f"k {k!r} is out of range: use an integer 1..{K_LIMIT} (or 'auto')", param="k")
     return int(k)
 
 
@@ -124,7 +132,7 @@ def check_seed(seed: int) -> None:
 def generate(prompt: str | Sequence[int], *, target: str = "synthetic", draft: str | None = None,
              target_model: str | None = None, draft_model: str | None = None,
              target_options: dict | None = None, draft_options: dict | None = None,
-             k: int | str = 4, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             k: int | str = K_DEFAULT, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              min_p: float = 0.0, max_tokens: int = MAX_TOKENS, seed: int = 0) -> Generation:
     """Load a pair and generate once. For many calls, load a ``Pair`` once and reuse it."""
     params = SamplingParams(temperature, top_k, top_p, min_p)
@@ -134,7 +142,7 @@ def generate(prompt: str | Sequence[int], *, target: str = "synthetic", draft: s
 
 
 def stream(prompt: str | Sequence[int], *, target: str = "synthetic", draft: str | None = None,
-           k: int | str = 4, params: SamplingParams | None = None, max_tokens: int = MAX_TOKENS,
+           k: int | str = K_DEFAULT, params: SamplingParams | None = None, max_tokens: int = MAX_TOKENS,
            seed: int = 0, **load_kw) -> Iterator[Event]:
     """Load a pair and stream its events (tokens with their kind, per step)."""
     pair = Pair.load(target, draft, **load_kw)

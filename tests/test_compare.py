@@ -47,6 +47,7 @@ def test_parse_pairs_dedup_and_all():
 def test_parse_ks():
     assert cmp.parse_ks("4,1,2") == [1, 2, 4]
     assert cmp.parse_ks("1-3, 8,2") == [1, 2, 3, 8]
+    assert cmp.parse_ks("auto,2") == [2, "auto"] and cmp.parse_ks("auto") == ["auto"]
     for bad in ("0", "a", "", "1,-2", "3-x"):
         with pytest.raises(BadOption):
             cmp.parse_ks(bad)
@@ -132,7 +133,7 @@ def test_measure_interleaves_and_excludes_warmup():
             assert (a["output_sha1"], a["n_target_passes"], a["reached"]) == (
                 b["output_sha1"], b["n_target_passes"], b["reached"])
     results = cmp.aggregate(runs, greedy=True)
-    assert all(r["greedy_match"] == 1.0 for r in results if r["draft"] != cmp.BASELINE)
+    assert all(r["greedy_match"] == 1.0 for r in results if r["draft"] != cmp.PLAIN)
 
 
 def test_vocab_mismatch_is_caught_before_measuring():
@@ -191,7 +192,8 @@ def num(cell: str) -> float | None:
 def series(rows: list[dict], legend: str) -> list[dict]:
     """The rows a plotted series labelled "draft → target" stands for, by K."""
     draft, target = legend.split(" \u2192 ")
-    return sorted((r for r in rows if (r["draft"], r["target"]) == (draft, target)), key=lambda r: r["k"])
+    return sorted((r for r in rows if (r["draft"], r["target"]) == (draft, target) and r["k"] != "auto"),
+                  key=lambda r: r["k"])
 
 
 def check_outputs(out, n_configs: int) -> dict:
@@ -221,7 +223,7 @@ def check_outputs(out, n_configs: int) -> dict:
                 assert num(cell) == pytest.approx(value, abs=tol)
 
     figs = report.figures(record)
-    spec = [r for r in record["results"] if r["draft"] != cmp.BASELINE]
+    spec = [r for r in record["results"] if r["draft"] != cmp.PLAIN]
     for ax in figs["speedup_vs_k.png"].axes:
         assert ax.get_xlabel() and ax.get_title()
         assert any(list(line.get_ydata()) == [1.0, 1.0] for line in ax.lines)  # the baseline
@@ -270,6 +272,20 @@ def test_compare_cli_synthetic_then_report(tmp_path):
     assert res.exit_code == 0, res.output
     assert (again / "summary.md").read_text() == (out / "summary.md").read_text()
     assert all((again / name).stat().st_size > 0 for name in report.PLOTS)
+
+
+def test_compare_measures_k_auto_like_any_k(tmp_path):
+    """--k 1,auto: K = auto is one more configuration per pairing, measured in the same rounds (each
+    run times or reads its pass costs as `specmac run --k auto` does), reported and left off K axes."""
+    out = tmp_path / "cmp"
+    res = CliRunner().invoke(main, ["compare", "--pair", "synthetic:synthetic", "--k", "1,auto", "--repeats",
+                                    "1", "--n-prompts", "2", "--max-tokens", "16", *SYN, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    record = check_outputs(out, n_configs=1 + 2)
+    auto = next(r for r in record["results"] if r["k"] == "auto")
+    assert auto["config"] == "synthetic:synthetic:kauto" and auto["n_tokens"] > 0
+    assert auto["greedy_match"] == 1.0 and auto.get("predicted_speedup") is None
+    assert "| auto |" in (out / "summary.md").read_text()
 
 
 def test_compare_json_flag_and_config(tmp_path):
@@ -327,7 +343,7 @@ def test_compare_embedded_pair(tmp_path):
     assert all("error" not in a for a in record["predictions"].values())
     for r in record["results"]:
         assert r["n_tokens"] > 0 and r["tokens_per_second"]["median"] > 0
-        if r["draft"] != cmp.BASELINE:
+        if r["draft"] != cmp.PLAIN:
             assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["tokens_per_target_pass"] <= r["k"] + 1
     assert re.search(r"\*\*(Run|No pairing)", (out / "summary.md").read_text())
 

@@ -10,7 +10,7 @@ import pytest
 
 from specmac.api import Pair
 from specmac.backends import load_backend
-from specmac.core.drafters import ModelDrafter, NoDraft
+from specmac.core.drafters import ModelDrafter, PlainDecoding
 from specmac.core.sampling import SamplingParams
 from specmac.errors import VocabMismatch
 from tests.conftest import skip_unless_installed
@@ -120,7 +120,7 @@ def test_info_records_options(name):
 @pytest.mark.parametrize("target", [needs(n) for n in REAL])
 def test_greedy_speculative_equals_target_greedy(draft, target):
     pair = Pair(get(target), ModelDrafter(get(draft, "draft")))
-    base = Pair(get(target), NoDraft())
+    base = Pair(get(target), PlainDecoding())
     greedy = SamplingParams(0.0)
     for k in (1, 4):
         spec = pair.generate("def fibonacci(n):", params=greedy, max_tokens=24, k=k)

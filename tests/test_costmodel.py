@@ -133,12 +133,12 @@ def simulate(policy, *, alpha, t_d, t1, beta, steps, seed=0):
         while a < k and rng.random() < alpha:
             a += 1
         t_draft = k * t_d * (1 + 0.05 * rng.standard_normal())
-        t_verify = t1 * (1 + beta * k) * (1 + 0.05 * rng.standard_normal())
+        t_target = t1 * (1 + beta * k) * (1 + 0.05 * rng.standard_normal())
         ev = Event([0] * (a + 1), ["accepted"] * a + ["bonus" if a == k else "corrected"], k, k, a,
-                   t_draft, t_verify, 1e-5)
+                   t_draft, t_target, 1e-5)
         policy.update(ev)
         tokens += a + 1
-        seconds += t_draft + t_verify + 1e-5
+        seconds += t_draft + t_target + 1e-5
     return tokens, seconds
 
 
@@ -225,10 +225,10 @@ def test_adaptive_k_finds_a_cheap_wide_pass():
             a = 0
             while a < k and rng.random() < alpha:
                 a += 1
-            t_verify = (1 + 0.8 * k) * (0.45 if k + 1 >= 16 else 1.0)
+            t_target = (1 + 0.8 * k) * (0.45 if k + 1 >= 16 else 1.0)
             policy.update(Event([0] * (a + 1), ["accepted"] * a + ["corrected"], k, k, a, k * t_d,
-                                t_verify, 0.0))
-            tokens, seconds = tokens + a + 1, seconds + k * t_d + t_verify
+                                t_target, 0.0))
+            tokens, seconds = tokens + a + 1, seconds + k * t_d + t_target
         return tokens / seconds
 
     best = max(run(Fixed(k)) for k in range(1, 17))
@@ -390,10 +390,10 @@ def test_a_run_of_known_length_explores_from_its_first_step():
         tried += k > 0
         ev = Event([0], ["corrected" if k else "target"], k, k, 0, 0.054 * k, costs[0][k], 0.0)
         policy.update(ev)
-        n, seconds = n + 1, seconds + ev.t_draft + ev.t_verify
+        n, seconds = n + 1, seconds + ev.t_draft + ev.t_target
     assert tried >= 1 and seconds <= 64 * 0.141 * 1.03
     # Pair hands the run's max_tokens to the policy it makes for k="auto"
-    assert Pair.load("synthetic", "synthetic").policy("auto", max_tokens=64).horizon == 64
+    assert Pair.load("synthetic", "synthetic").timed_auto_policy(max_tokens=64).horizon == 64
 
 
 def test_a_stalled_t1_probe_is_timed_again():
@@ -419,7 +419,7 @@ def test_a_stalled_t1_probe_is_timed_again():
             kinds = ["accepted"] * a + ["bonus" if a == k else "corrected"] if k else ["target"]
             ev = Event([0] * (a + 1), kinds, k, k, a, 0.8e-3 * (k + (0 < a == k)), truth[k], 0.0)
             policy.update(ev)
-            n, seconds = n + a + 1, seconds + ev.t_draft + ev.t_verify
+            n, seconds = n + a + 1, seconds + ev.t_draft + ev.t_target
         return 400 * 1e-3 / seconds, policy.history  # speedup over plain decoding
 
     speedup, history = run(doubt=True)

@@ -17,7 +17,7 @@ from scipy import stats as sstats
 from specmac.api import Pair
 from specmac.backends.synthetic import SyntheticBackend
 from specmac.core.calibration import adaptive_policy
-from specmac.core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft
+from specmac.core.drafters import Drafter, ModelDrafter, NgramDrafter, PlainDecoding
 from specmac.core.policy import AdaptiveK
 from specmac.core.rejection import acceptance_probability, residual
 from specmac.core.sampling import SamplingParams, sample, warp
@@ -103,7 +103,7 @@ def test_negative_control_is_rejected_at_the_same_sample_size():
 @pytest.mark.parametrize("k", range(1, 9))
 def test_greedy_speculative_equals_greedy_autoregressive(k):
     pair = synthetic_pair(V=40, noise=0.5, eos_bias=-8)
-    base = Pair(pair.target, NoDraft())
+    base = Pair(pair.target, PlainDecoding())
     greedy = SamplingParams(0.0)
     for prompt in ([1], [5, 6, 7], [30, 2]):
         spec = pair.generate(prompt, params=greedy, max_tokens=40, k=k)
@@ -247,7 +247,7 @@ def test_acceptance_tracks_the_analytic_rate():
 
 def test_adaptive_k_is_lossless_under_greedy_and_sampling():
     pair = synthetic_pair(V=40, noise=0.5, eos_bias=-8)
-    base = Pair(pair.target, NoDraft())
+    base = Pair(pair.target, PlainDecoding())
     greedy = SamplingParams(0.0)
     want = base.generate([3, 4], params=greedy, max_tokens=48).token_ids
     assert pair.generate([3, 4], params=greedy, max_tokens=48, k="auto").token_ids == want

@@ -20,7 +20,7 @@ from exact import level2, synthetic_pair
 from specmac.api import Pair
 from specmac.backends.synthetic import SyntheticBackend
 from specmac.core.drafters import ModelDrafter
-from specmac.core.rejection import acceptance_probability, residual, verify_sampled
+from specmac.core.rejection import accept_sampled, acceptance_probability, residual
 from specmac.core.sampling import SamplingParams, sample, warp
 from specmac.lossless.harness import (
     DEFAULT_CONTEXTS,
@@ -58,7 +58,7 @@ def one_uniform(drafts, q, p, rng):
 
 
 def bonus_wrong_row(drafts, q, p, rng):
-    a, nxt = verify_sampled(drafts, q, p, rng)
+    a, nxt = accept_sampled(drafts, q, p, rng)
     if a == len(drafts) and drafts:
         return a, sample(p[a - 1], rng)  # bug: the bonus token from the last draft's row
     return a, nxt
@@ -185,7 +185,7 @@ def _verify_setup():
     ctx = [base.encode(c) for c in DEFAULT_CONTEXTS]
     kw = dict(params=T1, length=default_length(K), k=K, seed=0,
               n=-(-DEFAULT_TOKENS // (default_length(K) * len(ctx))))
-    return base, ctx, kw, sample_continuations(base.baseline(), ctx, method=1, **kw)
+    return base, ctx, kw, sample_continuations(base.plain(), ctx, method=1, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from specmac.advise.variants import Variant
 from specmac.api import Pair
 from specmac.backends import BaseBackend
 from specmac.core.calibration import pass_costs
-from specmac.core.drafters import NoDraft, lookup
+from specmac.core.drafters import PlainDecoding, lookup
 from specmac.core.sampling import SamplingParams, warp
 from specmac.core.timing import time_single
 from specmac.errors import SpecmacError
@@ -72,7 +72,7 @@ def reference_texts(target: BaseBackend, prompts: Sequence[str], params: Samplin
                     seed: int) -> tuple[list[list[int]], list[int]]:
     """Prompt + the target's own continuation (the text the loop will verify), and where each
     continuation starts."""
-    plain = Pair(target, NoDraft())
+    plain = Pair(target, PlainDecoding())
     texts, starts = [], []
     for i, prompt in enumerate(prompts):
         ids = plain.encode(prompt)
@@ -90,7 +90,7 @@ def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingP
     """A target's costs (``t_pass``: T(n) already measured, else timed here) and its rows."""
     if t_pass is None:
         t_pass, _ = pass_costs(backend, None, k_max, repeats=3)
-    plain = Pair(backend, NoDraft())
+    plain = Pair(backend, PlainDecoding())
     events = list(plain.stream(texts[0][: starts[0]], params=params, max_tokens=6, seed=0))[1:]
     # the loop's own work per step, timed apart from the pass: a step's time less the probe's
     # T(1) would also count the pass's drift between the two timings (results/anatomy)

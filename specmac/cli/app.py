@@ -178,7 +178,7 @@ def pair_options(f: Callable) -> Callable:
         click.option("--target", default="gguf", show_default=True, metavar="BACKEND",
                      help="Target backend (see `specmac backends`)."),
         click.option("--draft", default="none", show_default=True, metavar="BACKEND",
-                     help="Draft backend, 'ngram' (prompt lookup) or 'none' (target only)."),
+                     help="Draft backend, 'ngram' (prompt lookup) or 'none' (plain)."),
         click.option("--target-model", metavar="PATH|HUB_ID",
                      help="Target model: a folder, a .gguf file, a hub id (org/name) or "
                           "org/name:file.gguf. Default: the embedded tiny target."),
@@ -263,18 +263,19 @@ def sampling_params(kw: dict):
 
 def parse_k(value: str) -> int | str:
     """An integer 1..256, or "auto"."""
-    from specmac.api import K_MAX, check_k
+    from specmac.api import check_k
+    from specmac.core.policy import K_LIMIT
 
     if value == "auto":
         return value
     try:
         k = int(value)
     except ValueError:
-        raise UserError(f"--k {value!r} is not a number: use an integer 1..{K_MAX} or 'auto'") from None
+        raise UserError(f"--k {value!r} is not a number: use an integer 1..{K_LIMIT} or 'auto'") from None
     try:
         return check_k(k)
     except SpecmacError:
-        raise UserError(f"--k {k} is out of range: use an integer 1..{K_MAX} or 'auto'") from None
+        raise UserError(f"--k {k} is out of range: use an integer 1..{K_LIMIT} or 'auto'") from None
 
 
 def emit_json(obj: Any) -> None:

@@ -13,7 +13,7 @@ import click
 from specmac.cli.app import UserError, emit_json, main, sampling_options, sampling_params
 
 COMPARE_HELP = """Measure draft/target pairings side by side: every --pair at every K, plus each
-target's own target-only baseline, interleaved in one run, with the cost model's prediction
+target's own plain decoding, interleaved in one run, with the cost model's prediction
 beside each measurement. Writes DIR/results.json, DIR/summary.md and PNG plots.
 
 \b

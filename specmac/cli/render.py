@@ -205,7 +205,7 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_toke
     if isinstance(k, AdaptiveK):  # what it learned and the K it chose
         result["k_policy"] = k.info()
     if baseline and not interrupted:
-        base_events, interrupted = generate_events(pair.baseline(), ids, params=params,
+        base_events, interrupted = generate_events(pair.plain(), ids, params=params,
                                                    max_tokens=max_tokens, seed=seed)
         _, bd = summarize(base_events, None, False, interrupted)
         result["baseline"] = bd
@@ -265,7 +265,7 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
     if "baseline" in r:
         b, sp = r["baseline"], r["speedup"]
         btps = b["tokens_per_second"]
-        lines.append(f"baseline (target only): {b['n_tokens']} tokens, "
+        lines.append(f"baseline (plain): {b['n_tokens']} tokens, "
                      f"{'-' if btps is None else f'{btps:.1f}'} tokens/s  ->  speedup "
                      f"{'n/a' if sp is None else f'{sp:.2f}x'}")
     if r["finish_reason"] == "interrupted":
@@ -290,7 +290,7 @@ def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: i
         from rich.progress import Progress
 
         with Progress(console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task("sampling speculative and target-only", total=2 * tokens)
+            task = bar.add_task("sampling speculative and plain", total=2 * tokens)
             res = two_sample_check(pair, **kw, progress=lambda n: bar.advance(task, n))
     res.update(pair.info())
     res["verdict"] = verdict(res)
@@ -339,8 +339,8 @@ def verdict(res: dict) -> str:
         return ("NO VERDICT: every position fell into one category (rare tokens are pooled), so there "
                 "is nothing to compare: raise --tokens or lower --temperature.")
     if p < 0.001 or bad_greedy:
-        what = (f"speculative and target-only samples differ (p = {p:.2g}, {res.get('decisive_test')})"
-                if p < 0.001 else "greedy speculative and target-only outputs part where no rounding can "
+        what = (f"speculative and plain samples differ (p = {p:.2g}, {res.get('decisive_test')})"
+                if p < 0.001 else "greedy speculative and plain outputs part where no rounding can "
                                   "explain it")
         head = (f"FAIL: {what}: the output is not the target's distribution; check the vocabularies "
                 "and `specmac probe-parallelism`.")
@@ -348,7 +348,7 @@ def verdict(res: dict) -> str:
         head = (f"INCONCLUSIVE: p = {p:.2g} is low but not alarming (1 honest run in 20 gets "
                 "p < 0.05): rerun with another --seed or more --tokens.")
     else:
-        head = f"PASS: no difference detected between speculative and target-only decoding (p = {p:.2g})."
+        head = f"PASS: no difference detected between speculative and plain decoding (p = {p:.2g})."
     kinds = res.get("n_by_kind", {})
     tested = ("Tested: " + ", ".join(f"{kinds[x]} {x}" for x in KINDS if x in kinds)
               + " tokens; a sequence that stopped early (EOS) counts as 'end' at every later position."
@@ -404,4 +404,4 @@ def list_backends(as_json: bool) -> None:
         state = (f"{r['library']} {r['version']}  devices: {', '.join(r['devices'])}"
                  if r["installed"] else f"{'broken' if r.get('broken') else 'not installed'}: {r['problem']}")
         click.echo(f"{r['name']:<{width}}  {state}")
-    click.echo("drafters without a model: ngram (prompt lookup), none (target only)")
+    click.echo("drafters without a model: ngram (prompt lookup), none (plain)")

@@ -16,6 +16,7 @@ from specmac.cli.app import (
     sampling_params,
     use_color,
 )
+from specmac.core.policy import K_DEFAULT
 
 # --- run ----------------------------------------------------------------------------------
 
@@ -23,7 +24,7 @@ from specmac.cli.app import (
 @click.argument("prompt", required=False)
 @pair_options
 @sampling_options
-@click.option("--k", "k_text", default="4", show_default=True, metavar="K|auto",
+@click.option("--k", "k_text", default=str(K_DEFAULT), show_default=True, metavar="K|auto",
               help="Draft tokens per step, or 'auto' (chosen every step by the cost model; "
                    "0 drafts when no K is predicted to pay, trying to draft within 3% of the run's time). "
                    "'auto' is not reproducible: K depends on "
@@ -33,7 +34,7 @@ from specmac.cli.app import (
 @click.option("--prompt-file", type=click.Path(dir_okay=False),
               help="Read the prompt from a file ('-' = stdin).")
 @click.option("--chat", is_flag=True, help="Apply the target's chat template, if it has one.")
-@click.option("--baseline", is_flag=True, help="Also run target-only decoding and print the speedup.")
+@click.option("--baseline", is_flag=True, help="Also run plain decoding and print the speedup.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--color/--no-color", "color", default=None,
               help="Colour the tokens by origin (default: on a terminal, unless NO_COLOR is set).")
@@ -49,9 +50,10 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
     k = parse_k(k_text)  # everything is validated before any model loads
     params = sampling_params(kw)
     if baseline and kw["draft"] == "none":
-        raise UserError("--baseline compares speculative with target-only decoding: add --draft BACKEND")
+        raise UserError("--baseline compares speculative with plain decoding: add --draft BACKEND")
     pair = load_pair(kw)
-    policy = pair.policy(k, max_tokens)  # "auto" measures the pair's pass costs here, before the first token
+    # "auto" times the pair's passes here, before the first token
+    policy = pair.timed_auto_policy(max_tokens) if k == "auto" else pair.policy(k)
     if chat:
         prompt = pair.target.apply_chat_template(prompt)
     code = cli_render.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],
@@ -65,9 +67,9 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
 @main.command()
 @pair_options
 @sampling_options(temperature=1.0)
-@click.option("--k", "k_text", default="4", show_default=True, metavar="K")
+@click.option("--k", "k_text", default=str(K_DEFAULT), show_default=True, metavar="K")
 @click.option("--tokens", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Tokens generated per method (speculative and target-only), rounded up to whole "
+              help="Tokens generated per method (speculative and plain), rounded up to whole "
                    "sequences [default: 100000; a 1.5B model on a CPU wants ~10000].")
 @click.option("--length", type=click.IntRange(min=2), default=None, metavar="N",
               help="Tokens per sequence; every position 1..N is tested [default: 2k+2, so drafts at "
@@ -76,7 +78,7 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
 def verify(k_text, tokens, length, as_json, **kw):
     """Is the output still the target's? Chi-square tests per position, and greedy agreement.
 
-    Each method (speculative, target-only) generates independent continuations of --length
+    Each method (speculative, plain) generates independent continuations of --length
     tokens after a few fixed contexts. The distribution of the token at every position, of every
     two neighbouring tokens and of the first three tokens is compared between the methods (one
     two-sample chi-square each, summed over contexts, Holm-adjusted for the family). Accepted

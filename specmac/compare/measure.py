@@ -1,10 +1,10 @@
 """``specmac compare``: every draft/target pairing and a sweep of K, measured side by side in one run.
 
-Each target backend is loaded once and serves all its drafters plus its own target-only baseline
+Each target backend is loaded once and serves all its drafters plus its own plain decoding
 (``Pair`` resets the target at the start of every generation, so no cache survives between runs).
 Runs are interleaved: every round (one prompt, one repeat) measures every configuration once, so
 slow drift on a busy machine hits all of them alike; a warm-up round is run first and discarded.
-Speedup is paired: each run is divided by the target-only run of the same target, prompt and round.
+Speedup is paired: each run is divided by the plain run of the same target, prompt and round.
 
 The record (``results.json``) holds the raw runs, the per-configuration aggregates, the cost
 model's prediction for every pairing and the provenance; ``render`` turns it into ``summary.md``
@@ -26,21 +26,23 @@ from specmac.api import Pair
 from specmac.backends import BaseBackend, load_backend
 from specmac.compare.results import provenance
 from specmac.compare.settings import (  # noqa: F401  (compare's settings, re-exported)
+    AUTO,
     BACKEND_KEYS,
-    BASELINE,
     FORMAT,
+    PLAIN,
     Config,
     PairSpec,
     Settings,
     backend_settings,
     check_table,
+    fixed_ks,
     model_and_options,
     parse_ks,
     parse_pair,
     parse_pairs,
     read_config,
 )
-from specmac.core.drafters import MODEL_FREE, Drafter, NoDraft, load_drafter
+from specmac.core.drafters import MODEL_FREE, Drafter, PlainDecoding, load_drafter
 from specmac.core.prompts import N_ADVISE as ADVISE_PROMPTS
 from specmac.core.runstats import RunStats
 from specmac.errors import BadOption, SpecmacError
@@ -53,7 +55,7 @@ class Loaded:
     drafters: dict[str, Drafter]
 
     def pair(self, c: Config) -> Pair:
-        return Pair(self.targets[c.target], NoDraft() if c.baseline else self.drafters[c.draft])
+        return Pair(self.targets[c.target], PlainDecoding() if c.plain else self.drafters[c.draft])
 
     def backends(self) -> dict[str, dict]:
         """"target:gguf" / "draft:mlx" -> backend info (model, library, resolved options)."""
@@ -97,7 +99,7 @@ def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] 
     ids = {t: [b.encode(p["text"]) for p in settings.prompts] for t, b in loaded.targets.items()}
     tick = progress or (lambda _desc: None)
     for c in configs:  # warm-up: kernels, allocations, lazy compilation; not recorded
-        pairs[c.id].generate(ids[c.target][0], params=settings.params, k=max(c.k, 1), seed=settings.seed,
+        pairs[c.id].generate(ids[c.target][0], params=settings.params, k=c.k_arg, seed=settings.seed,
                              max_tokens=min(settings.warmup_tokens, settings.max_tokens))
         tick(f"warm-up {c.id}")
     runs: list[dict] = []
@@ -107,7 +109,7 @@ def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] 
                 seed = settings.seed + 1000 * r + i  # the same seed for every configuration
                 rnd = []
                 for c in configs:
-                    g = pairs[c.id].generate(ids[c.target][i], params=settings.params, k=max(c.k, 1),
+                    g = pairs[c.id].generate(ids[c.target][i], params=settings.params, k=c.k_arg,
                                              max_tokens=settings.max_tokens, seed=seed)
                     rnd.append(run_record(c, prompt["id"], r, seed, g.stats, g.token_ids))
                     tick(f"{c.id} {prompt['id']} r{r + 1}")
@@ -124,9 +126,9 @@ def run_record(c: Config, prompt: str, repeat: int, seed: int, s: RunStats, toke
     return {"config": c.id, "draft": c.draft, "target": c.target, "k": c.k, "prompt": prompt,
             "round": repeat, "seed": seed, "n_tokens": s.n_tokens, "n_target_passes": s.n_target_passes,
             "n_drafted": s.n_drafted, "n_accepted": s.n_accepted, "reached": list(s.reached),
-            "accepted_at": list(s.accepted_at), "t_draft": s.t_draft, "t_verify": s.t_verify,
+            "accepted_at": list(s.accepted_at), "t_draft": s.t_draft, "t_verify": s.t_target,
             "t_other": s.t_other, "seconds": s.seconds, "tokens_per_second": s.tokens_per_second,
-            "finish_reason": s.finish_reason,
+            "finish_reason": s.finish_reason, **({"k_steps": s.k_steps} if c.k == AUTO else {}),
             "output_sha1": hashlib.sha1(json.dumps(token_ids).encode()).hexdigest()[:12]}
 
 
@@ -145,7 +147,7 @@ def spread(values: Sequence[float]) -> dict | None:
 def aggregate(runs: list[dict], greedy: bool) -> list[dict]:
     """Per configuration (in first-seen order): tokens/s, paired speedup over the same target's
     baseline, pooled acceptance, tokens per target pass, per-position acceptance, time split."""
-    base = {(r["target"], r["prompt"], r["round"]): r for r in runs if r["draft"] == BASELINE}
+    base = {(r["target"], r["prompt"], r["round"]): r for r in runs if r["draft"] == PLAIN}
     by_config: dict[str, list[dict]] = {}
     for r in runs:
         by_config.setdefault(r["config"], []).append(r)
@@ -160,7 +162,7 @@ def _aggregate_one(rs: list[dict], base: dict, greedy: bool) -> dict:
     drafted, accepted = sum(r["n_drafted"] for r in rs), sum(r["n_accepted"] for r in rs)
     passes, tokens = sum(r["n_target_passes"] for r in rs), sum(r["n_tokens"] for r in rs)
     seconds = sum(r["seconds"] for r in rs)
-    spec = first["draft"] != BASELINE
+    spec = first["draft"] != PLAIN
     out = {"config": first["config"], "draft": first["draft"], "target": first["target"], "k": first["k"],
            "n_runs": len(rs), "n_tokens": tokens, "seconds": seconds,
            "tokens_per_second": spread([r["tokens_per_second"] for r in rs]),
@@ -178,12 +180,12 @@ def _aggregate_one(rs: list[dict], base: dict, greedy: bool) -> dict:
 
 
 def diagnose_greedy(results: list[dict], runs: list[dict], settings: Settings, loaded: Loaded) -> None:
-    """Where a greedy run's output differs from the target-only run's: at which token they part and
+    """Where a greedy run's output differs from the plain run's: at which token they part and
     whether it is a near-tie flip (see specmac.lossless.greedy), once per (configuration, prompt).
     Adds greedy_mismatches and greedy_unexplained (mismatches no rounding explains) to each row."""
     from specmac.lossless.greedy import diagnose
 
-    base = {(r["target"], r["prompt"], r["round"]): r["output_sha1"] for r in runs if r["draft"] == BASELINE}
+    base = {(r["target"], r["prompt"], r["round"]): r["output_sha1"] for r in runs if r["draft"] == PLAIN}
     prompts = {p["id"]: p["text"] for p in settings.prompts}
     for row in results:
         if row.get("greedy_match") in (None, 1.0):
@@ -192,7 +194,7 @@ def diagnose_greedy(results: list[dict], runs: list[dict], settings: Settings, l
         bad = dict.fromkeys(r["prompt"] for r in runs if r["config"] == row["config"]
                             and r["output_sha1"] != base.get((r["target"], r["prompt"], r["round"])))
         pair = loaded.pair(c)
-        found = [diagnose(pair, pair.encode(prompts[p]), k=c.k, max_tokens=settings.max_tokens)
+        found = [diagnose(pair, pair.encode(prompts[p]), k=c.k_arg, max_tokens=settings.max_tokens)
                  | {"prompt": p} for p in bad]
         row["greedy_mismatches"] = [d for d in found if not d["match"]]  # a mismatch may not reproduce
         row["greedy_unexplained"] = sum(not d["near_tie"] for d in row["greedy_mismatches"])
@@ -217,7 +219,8 @@ def predict(settings: Settings, loaded: Loaded) -> dict[str, dict]:
     for p in settings.pairs:
         pair = loaded.pair(Config(p.draft, p.target, 1))
         try:
-            out[p.id] = advise_pair(pair, params=settings.params, k_max=max(settings.ks), seed=settings.seed,
+            out[p.id] = advise_pair(pair, params=settings.params, k_max=max(fixed_ks(settings.ks), default=8),
+                                   seed=settings.seed,
                                prompts=[q["text"] for q in settings.prompts[:ADVISE_PROMPTS]])
         except (SpecmacError, ValueError) as e:
             out[p.id] = {"error": str(e)}

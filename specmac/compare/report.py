@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specmac.compare.measure import ADVISE_PROMPTS, BASELINE, FORMAT
+from specmac.compare.measure import ADVISE_PROMPTS, AUTO, FORMAT, PLAIN
 from specmac.errors import BadOption
 
 
@@ -48,7 +48,7 @@ def build(record: dict, source: str | Path = "the record") -> tuple[str, dict]:
     raise BadOption(f"{source}: {problem}: re-run specmac compare")
 
 
-PLOTS = {"speedup_vs_k.png": "speedup over target-only vs K, per pairing",
+PLOTS = {"speedup_vs_k.png": "speedup over plain vs K, per pairing",
          "acceptance_vs_k.png": "acceptance rate vs K, per pairing",
          "measured_vs_predicted.png": "measured vs predicted speedup (cost model)"}
 
@@ -65,7 +65,7 @@ def render(record: dict, directory: str | Path) -> list[Path]:
 
 
 def label(row: dict) -> str:
-    return f"{row['target']} only" if row["draft"] == BASELINE else f"{row['draft']} \u2192 {row['target']}"
+    return f"{row['target']} only" if row["draft"] == PLAIN else f"{row['draft']} \u2192 {row['target']}"
 
 
 def fmt(v: float | None, spec: str = ".2f", unit: str = "") -> str:
@@ -81,7 +81,7 @@ def best_rows(record: dict) -> list[dict]:
     best: dict[str, dict] = {}
     for row in record["results"]:
         pid = f"{row['draft']}:{row['target']}"
-        if row["draft"] != BASELINE and (pid not in best or
+        if row["draft"] != PLAIN and (pid not in best or
                                          (med(row["speedup"]) or 0) > (med(best[pid]["speedup"]) or 0)):
             best[pid] = row
     return sorted(best.values(), key=lambda r: -(med(r["speedup"]) or 0))
@@ -94,11 +94,11 @@ def headline(record: dict) -> str:
         return "Nothing was measured."
     top = rows[0]
     pred = fmt(top.get("predicted_speedup"), ".2f", "\u00d7")
-    tail = (f"{fmt(med(top['speedup']), '.2f', '×')} the speed of target-only {top['target']} "
+    tail = (f"{fmt(med(top['speedup']), '.2f', '×')} the speed of plain {top['target']} "
             f"({fmt(med(top['tokens_per_second']), '.1f')} tokens/s; the cost model predicted {pred})")
     if (med(top["speedup"]) or 0) > 1:
         return f"**Run {label(top)} at K={top['k']}:** {tail}."
-    return (f"**No pairing beats target-only decoding on this machine.** The best, {label(top)} at "
+    return (f"**No pairing beats plain decoding on this machine.** The best, {label(top)} at "
             f"K={top['k']}, runs at {tail}.")
 
 
@@ -182,10 +182,10 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
            "once and reset before every run, so no cache carries over.",
            "- tokens/s counts the decoding steps (draft, verify, bookkeeping; the draft's prefill of the "
            "prompt included, the target's excluded). Speedup is the median over runs of tokens/s divided "
-           "by the target-only run of the same target, prompt and round; IQR = 25th–75th percentile.",
+           "by the plain run of the same target, prompt and round; IQR = 25th–75th percentile.",
            "- Acceptance and tokens per target pass are pooled over all runs; per-position acceptance is "
            "conditional (of the steps that reached draft position i, the fraction accepted). Greedy "
-           "match: share of runs whose output equals the target-only output (temperature 0 only); a "
+           "match: share of runs whose output equals the plain output (temperature 0 only); a "
            "mismatch names the prompt and the token where they part, and is a near-tie flip when the "
            "target's top-2 logit gap there is below its batched-vs-serial logit difference at that "
            "point, else NOT near-tie: a bug.",
@@ -199,15 +199,15 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
 
 
 def _colors(record: dict) -> dict[str, str]:
-    drafts = dict.fromkeys(r["draft"] for r in record["results"] if r["draft"] != BASELINE)
+    drafts = dict.fromkeys(r["draft"] for r in record["results"] if r["draft"] != PLAIN)
     return {d: f"C{i % 10}" for i, d in enumerate(drafts)}
 
 
 def _series(record: dict, target: str) -> dict[str, list[dict]]:
-    """draft -> its rows with this target, by K."""
+    """draft -> its rows with this target at a fixed K, by K (K = auto has no place on a K axis)."""
     out: dict[str, list[dict]] = {}
-    for r in sorted(record["results"], key=lambda r: r["k"]):
-        if r["target"] == target and r["draft"] != BASELINE:
+    for r in sorted((r for r in record["results"] if r["k"] != AUTO), key=lambda r: r["k"]):
+        if r["target"] == target and r["draft"] != PLAIN:
             out.setdefault(r["draft"], []).append(r)
     return out
 
@@ -236,7 +236,7 @@ def _style_k_panel(ax, record: dict, target: str) -> None:
     """What every per-target panel against K shares: title, K axis, grid, legend."""
     ax.set_title(f"target: {target}", fontsize=10)
     ax.set_xlabel("K (draft tokens per step)")
-    ax.set_xticks(record["settings"]["k"])
+    ax.set_xticks([k for k in record["settings"]["k"] if k != AUTO])
     ax.grid(alpha=0.3)
     _legend_below(ax)
 
@@ -245,7 +245,7 @@ def fig_speedup(record: dict):
     fig, panels = _panels(record)
     colors = _colors(record)
     for target, ax in panels.items():
-        base = next((r for r in record["results"] if r["target"] == target and r["draft"] == BASELINE), None)
+        base = next((r for r in record["results"] if r["target"] == target and r["draft"] == PLAIN), None)
         for draft, rows in _series(record, target).items():
             rows = [r for r in rows if r["speedup"]]  # None when no run produced a token
             ks = [r["k"] for r in rows]
@@ -257,7 +257,7 @@ def fig_speedup(record: dict):
         base_tps = fmt(med(base["tokens_per_second"]) if base else None, ".0f")
         ax.axhline(1.0, color="k", ls="--", lw=1, label=f"{target} only = 1.0 ({base_tps} tok/s)")
         _style_k_panel(ax, record, target)
-    next(iter(panels.values())).set_ylabel("speedup over target-only (median, IQR bars)")
+    next(iter(panels.values())).set_ylabel("speedup over plain (median, IQR bars)")
     fig.suptitle("Speedup vs K", fontsize=11)
     return fig
 
@@ -299,7 +299,7 @@ def fig_predicted(record: dict):
             pts_all += pts
     lim = max([1.2] + [max(p[0], p[1]) * 1.1 for p in pts_all])
     ax.plot([0, lim], [0, lim], color="gray", lw=1, label="measured = predicted")
-    ax.axhline(1.0, color="k", ls="--", lw=1, label="target-only baseline (1.0)")
+    ax.axhline(1.0, color="k", ls="--", lw=1, label="plain decoding (1.0)")
     ax.axvline(1.0, color="k", ls=":", lw=0.8)
     ax.set_xlim(0, lim)
     ax.set_ylim(0, lim)

@@ -221,7 +221,7 @@ def plot_speedup(series: Sequence[dict], path: str | Path, title: str | None = N
                     label=f"{s['label']} (measured)")
     ax.axhline(1.0, color="k", lw=0.8, ls="--", label="break-even")
     ax.set_xlabel("draft tokens per step K")
-    ax.set_ylabel("speedup over target-only")
+    ax.set_ylabel("speedup over plain")
     ax.grid(alpha=0.3)
     if len(series) > 2:  # many series: the legend goes beside the axes, not over the points
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))

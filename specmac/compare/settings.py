@@ -7,13 +7,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specmac.api import K_MAX
 from specmac.backends import available, registry
 from specmac.core.drafters import MODEL_FREE
+from specmac.core.policy import K_LIMIT
 from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption
 
-BASELINE = "none"  # the "drafter" of a target-only configuration
+PLAIN = "none"  # the "drafter" of a plain-decoding configuration
+AUTO = "auto"  # K chosen every step by the cost model, measured like any K
 BACKEND_KEYS = ("draft_model", "target_model", "options", "draft_options", "target_options")
 FORMAT = "specmac.compare/1"
 
@@ -34,19 +35,25 @@ class PairSpec:
 
 @dataclass(frozen=True)
 class Config:
-    """One measured configuration: a pairing at one K, or a target-only baseline (k = 0)."""
+    """One measured configuration: a pairing at one K (an integer or "auto"), or plain decoding
+    (k = 0)."""
 
     draft: str
     target: str
-    k: int
+    k: int | str
+
+    @property
+    def k_arg(self) -> int | str:
+        """What the run is given as k: "auto", or the K (plain decoding drafts nothing anyway)."""
+        return self.k if self.k == AUTO else max(int(self.k), 1)
 
     @property
     def id(self) -> str:
-        return f"{BASELINE}:{self.target}" if self.baseline else f"{self.draft}:{self.target}:k{self.k}"
+        return f"{PLAIN}:{self.target}" if self.plain else f"{self.draft}:{self.target}:k{self.k}"
 
     @property
-    def baseline(self) -> bool:
-        return self.draft == BASELINE
+    def plain(self) -> bool:
+        return self.draft == PLAIN
 
 
 @dataclass
@@ -55,7 +62,7 @@ class Settings:
     (keys of BACKEND_KEYS, as read from the TOML config and the command line)."""
 
     pairs: list[PairSpec]
-    ks: list[int]
+    ks: list[int | str]  # integers, then "auto" if asked
     prompts: list[dict]
     params: SamplingParams = field(default_factory=lambda: SamplingParams(0.0))
     max_tokens: int = 64
@@ -69,7 +76,7 @@ class Settings:
         order within a round, so a baseline sits next to the runs it is compared with)."""
         out = []
         for target in dict.fromkeys(p.target for p in self.pairs):
-            out.append(Config(BASELINE, target, 0))
+            out.append(Config(PLAIN, target, 0))
             out += [Config(p.draft, target, k) for p in self.pairs if p.target == target for k in self.ks]
         return out
 
@@ -110,26 +117,35 @@ def parse_pairs(texts: Sequence[str]) -> list[PairSpec]:
     return list(dict.fromkeys(parse_pair(t) for t in texts))
 
 
-def parse_ks(text: str) -> list[int]:
-    """"1,2,4" or "1-8" (or a mix) -> sorted distinct integers >= 1."""
+def parse_ks(text: str) -> list[int | str]:
+    """"1,2,4", "1-8" or "auto" (or a mix) -> sorted distinct integers >= 1, then "auto"."""
     ks: set[int] = set()
+    auto = False
     for part in filter(None, (p.strip() for p in text.split(","))):
+        if part == AUTO:
+            auto = True
+            continue
         lo, dash, hi = part.partition("-")
         try:
             a, b = (int(lo), int(hi)) if dash else (int(part), int(part))
         except ValueError:
-            raise BadOption(f"k {text!r} is not a list of integers: write e.g. 1,2,4 or 1-8",
+            raise BadOption(f"k {text!r} is not a list of integers or auto: write e.g. 1,2,4, 1-8 or 1,auto",
                             param="k") from None
-        if not 1 <= a <= b <= K_MAX:  # checked before the range is built
-            raise BadOption(f"k {text!r} is out of range: give integers 1..{K_MAX} (ranges low-high), "
+        if not 1 <= a <= b <= K_LIMIT:  # checked before the range is built
+            raise BadOption(f"k {text!r} is out of range: give integers 1..{K_LIMIT} (ranges low-high), "
                             "e.g. 1,2,4,6,8", param="k")
         ks.update(range(a, b + 1))
-    if not ks:
-        raise BadOption(f"k {text!r} is empty: give integers 1..{K_MAX}, e.g. 1,2,4,6,8", param="k")
-    return sorted(ks)
+    if not ks and not auto:
+        raise BadOption(f"k {text!r} is empty: give integers 1..{K_LIMIT} or auto, e.g. 1,2,4,6,8",
+                        param="k")
+    return [*sorted(ks), *([AUTO] if auto else [])]
 
 
-# --- backend models and options -----------------------------------------------------------------
+def fixed_ks(ks: Sequence[int | str]) -> list[int]:
+    """The integer K of a list that may hold "auto"."""
+    return [k for k in ks if k != AUTO]
+
+
 
 def backend_settings(config: dict | None = None, *, draft_model: dict[str, str] | None = None,
                      target_model: dict[str, str] | None = None,

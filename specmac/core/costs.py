@@ -4,7 +4,7 @@ One step drafts K tokens (K draft passes of one token) and verifies them in one 
 K + 1 tokens, so with acceptance alpha
 
     E(K) = (1 - alpha^(K+1)) / (1 - alpha)                tokens per target pass
-    S(K) = E(K) * T_t(1) / (K * T_d(1) + T_t(K + 1))       speedup over target-only decoding
+    S(K) = E(K) * T_t(1) / (K * T_d(1) + T_t(K + 1))       speedup over plain decoding
 
 T_t(K + 1) is the *measured* time of a batched pass (probe-parallelism), not T_t(1): on a backend
 that verifies serially it grows like (K + 1) * T_t(1) and speculation cannot pay.
@@ -101,7 +101,7 @@ def predicted_speedup(k: int, alpha: Alpha, t_draft1: float, t_target: Curve,
     """S(K) = E(K) * T_t(1) / (K * T_d(1) + T_t(K + 1)); any time unit, used consistently.
 
     ``overhead`` is a fixed cost per step outside the passes (sampling, the verify rule) that
-    target-only decoding pays too: S = E (T_t(1) + o) / (K T_d(1) + T_t(K + 1) + o).
+    plain decoding pays too: S = E (T_t(1) + o) / (K T_d(1) + T_t(K + 1) + o).
     ``catch_up`` adds the draft's catch-up pass after a fully accepted step (``draft_passes``).
     """
     tt = curve_fn(t_target)

@@ -1,6 +1,6 @@
 """Drafters propose K tokens and the distributions they were drawn from.
 
-One contract (``Drafter``) and three kinds: ``NoDraft`` (plain target decoding), ``ModelDrafter``
+One contract (``Drafter``) and three kinds: ``PlainDecoding`` (plain target decoding), ``ModelDrafter``
 (any backend) and ``NgramDrafter`` (prompt lookup, no model). ``drafter.backend`` is the one way to
 ask for a drafter's model (None without one); ``load_drafter`` is the one factory.
 
@@ -26,7 +26,7 @@ MODEL_FREE = ("ngram",)  # drafters that need no model (besides "none")
 
 
 class Drafter:
-    """The drafter contract. ``drafts`` is False only for NoDraft; ``backend`` is the draft model's
+    """The drafter contract. ``drafts`` is False only for PlainDecoding; ``backend`` is the draft model's
     backend, or None for drafters without a model."""
 
     name: ClassVar[str] = ""
@@ -51,7 +51,7 @@ class Drafter:
         return {"drafter": self.name}
 
 
-class NoDraft(Drafter):
+class PlainDecoding(Drafter):
     """No drafts: the speculative loop degenerates to plain target decoding."""
 
     name = "none"
@@ -132,7 +132,7 @@ def load_drafter(name: str | None, model: str | None = None, options: dict[str, 
     backend can read a tokenizer alone, and again after."""
     check_draft_args(name, model, options)
     if name in NO_DRAFT or name in MODEL_FREE:
-        return NgramDrafter() if name == "ngram" else NoDraft()
+        return NgramDrafter() if name == "ngram" else PlainDecoding()
     cls = backend_class(name)
     peeked = cls.peek_vocab(model, role="draft", **cls.parse_options(options or {}))
     if peeked is not None:

@@ -1,7 +1,7 @@
 """The speculative loop: drafter -> one batched target pass -> the rejection rule -> rewind.
 
 Invariant between steps: the target's cache holds seq[:-1]; seq[-1] is the next token it scores.
-With the drafter that drafts nothing (``NoDraft``) this is plain autoregressive decoding, so the
+With the drafter that drafts nothing (``PlainDecoding``) this is plain autoregressive decoding, so the
 baseline and the speculative path share one sampler, one set of stop rules and one event stream.
 Greedy or sampled is decided once, by ``params.greedy``: it picks the default rule, whether the
 rule reads raw logit rows (the argmax; warping keeps it) or warped probabilities, and whether the
@@ -18,8 +18,8 @@ import numpy as np
 
 from specmac.backends import BaseBackend
 from specmac.core.drafters import Drafter
-from specmac.core.policy import FixedK, KPolicy
-from specmac.core.rejection import VerifyRule, verify_greedy, verify_sampled
+from specmac.core.policy import K_DEFAULT, FixedK, KPolicy
+from specmac.core.rejection import AcceptRule, accept_greedy, accept_sampled
 from specmac.core.sampling import SamplingParams, WarpedRows
 from specmac.errors import BadTokens, ContextOverflow
 from specmac.vocab import align_logits
@@ -37,7 +37,7 @@ class Event:
     n_drafted: int
     n_accepted: int
     t_draft: float
-    t_verify: float
+    t_target: float
     t_other: float
     finish_reason: str | None = None  # eos | length | context, on the last event
     t_prefill: float = 0.0  # prompt processing, on the first event
@@ -56,12 +56,12 @@ class _Clock:
 
 def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[int], *,
                       params: SamplingParams, max_tokens: int, rng: np.random.Generator,
-                      k: int | KPolicy = 4, rule: VerifyRule | None = None) -> Iterator[Event]:
+                      k: int | KPolicy = K_DEFAULT, rule: AcceptRule | None = None) -> Iterator[Event]:
     """Generate up to max_tokens tokens after ``prompt`` (EOS is not emitted). ``rule`` replaces
     the rejection rule (tests plant wrong rules here); it reads rows as ``params`` decides."""
     policy = FixedK(k) if isinstance(k, int) else k
     greedy = params.greedy
-    rule = rule or (verify_greedy if greedy else verify_sampled)
+    rule = rule or (accept_greedy if greedy else accept_sampled)
     V, eos = target.vocab.size, target.vocab.eos_ids
     seq, n_out = list(prompt), 0
     if not seq:
@@ -84,7 +84,7 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
             room = target.n_ctx - len(seq)  # a step adds k + 1 rows to len(seq) - 1 cached
             if room < 0:
                 yield Event(tokens=[], kinds=[], k=0, n_drafted=0, n_accepted=0, t_draft=0.0,
-                            t_verify=0.0, t_other=0.0, finish_reason="context", t_prefill=t_prefill,
+                            t_target=0.0, t_other=0.0, finish_reason="context", t_prefill=t_prefill,
                             n_passes=0)
                 return
             kk = max(0, min(policy.next_k(), max_tokens - n_out - 1, room, drafter.max_k(len(seq))))
@@ -92,7 +92,7 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
             drafts, q = drafter.propose(seq, kk, params, rng, V) if kk else ([], None)
             t_draft = clock.lap()
             logits = target.score([seq[-1], *drafts])  # [len(drafts) + 1, n_logits]
-            t_verify = clock.lap()
+            t_target = clock.lap()
             rows = align_logits(logits, V)
             a, nxt = rule(drafts, q, rows if greedy else WarpedRows(rows, params), rng)
             new = drafts[:a] + [nxt]
@@ -105,7 +105,7 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
             target.rewind(len(seq) - 1)
             done = "eos" if stop is not None else "length" if n_out >= max_tokens else None
             event = Event(tokens=new, kinds=kinds, k=kk, n_drafted=len(drafts), n_accepted=a,
-                          t_draft=t_draft, t_verify=t_verify, t_other=clock.lap(), finish_reason=done,
+                          t_draft=t_draft, t_target=t_target, t_other=clock.lap(), finish_reason=done,
                           t_prefill=t_prefill)
             t_prefill = 0.0
             policy.update(event)

@@ -15,6 +15,9 @@ import numpy as np
 
 from specmac.core.costs import K_MAX, posterior_moments
 
+K_DEFAULT = 4  # drafts per step unless told otherwise
+K_LIMIT = 256  # the most drafts per step a caller may ask for (the cost model searches 1..K_MAX)
+
 
 @runtime_checkable
 class KPolicy(Protocol):
@@ -60,7 +63,7 @@ class AdaptiveK:
     and the widest pass is known, and every ``explore_every`` steps a neighbour of the current
     best is tried.
     A probe's T(1) that the run's wider passes show stalled is timed again by one plain step
-    (``_t1_stalled``). When no K is predicted to beat target-only decoding it drafts nothing (K = 0, plain
+    (``_t1_stalled``). When no K is predicted to beat plain decoding it drafts nothing (K = 0, plain
     decoding), and tries drafting again only within an exploration budget (``budget``, a share
     of the time decoded, or, where the run's length is known (``horizon``, tokens), of what plain
     decoding of the whole run takes, so that a short run can try from its first step; see
@@ -199,7 +202,7 @@ class AdaptiveK:
         far (gains count back). So trying never costs more than ``budget`` overall (of the
         run's planned time: a run that an EOS ends early can have spent more of its own),
         even where only a wide K could pay (on Qwen Q4_K_M, trying K = 15 on optimism ran at 0.65x
-        of target-only). Otherwise 0, plain decoding; as the counts fade and time accrues, a try
+        of plain). Otherwise 0, plain decoding; as the counts fade and time accrues, a try
         comes again, and a draft that cannot pay even when always accepted is never tried."""
         curve = self._curve()
         s = self._speedups(curve=curve)
@@ -222,7 +225,7 @@ class AdaptiveK:
         self.steps += 1
         self.history.append(event.k)
         d, a = event.n_drafted, event.n_accepted
-        step = event.t_draft + event.t_verify + event.t_other
+        step = event.t_draft + event.t_target + event.t_other
         self.elapsed += step
         if d > 0:  # what plain decoding would have paid for these tokens, as the curve says now
             self.lost += step - len(event.tokens) * float(self._curve()[1])
@@ -235,10 +238,10 @@ class AdaptiveK:
             self.draft_tokens += d + self._caught_up  # passes, the catch-up pass included
         self._caught_up = 0 < d == a
         self._drafted = d > 0
-        if self.steps > 1 and event.t_verify > 0:
+        if self.steps > 1 and event.t_target > 0:
             # the pass and the loop's work on its n rows (warp, verify, rewind) both grow with n;
-            # target-only decoding pays the same for n = 1, so the line is the target's whole cost
-            x, y = float(d), float(event.t_verify + event.t_other)  # x = n - 1 for d + 1 tokens
+            # plain decoding pays the same for n = 1, so the line is the target's whole cost
+            x, y = float(d), float(event.t_target + event.t_other)  # x = n - 1 for d + 1 tokens
             self.sn += 1
             self.sx += x
             self.sy += y

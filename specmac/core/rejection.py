@@ -20,7 +20,7 @@ from specmac.core.sampling import sample
 # (drafts [K], q, p, rng) -> (n_accepted, next_token). q and p are sequences of rows: q[i] is the
 # draft's distribution [V] of drafts[i], p[i] the target's at the same position (K + 1 rows; the
 # loop warps them lazily, see sampling.WarpedRows), so a rule reads q[i][d] and p[i][d]
-VerifyRule = Callable[[Sequence[int], Any, Any, np.random.Generator], tuple[int, int]]
+AcceptRule = Callable[[Sequence[int], Any, Any, np.random.Generator], tuple[int, int]]
 
 RESIDUAL_EPS = 1e-12
 
@@ -38,7 +38,7 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return r / s if s > RESIDUAL_EPS else p
 
 
-def verify_sampled(drafts, q, p, rng) -> tuple[int, int]:
+def accept_sampled(drafts, q, p, rng) -> tuple[int, int]:
     """The rejection rule. q: K rows of draft probs, p: K + 1 rows of target probs (both warped)."""
     for i, d in enumerate(drafts):
         p_i, q_i = p[i], q[i]
@@ -47,7 +47,7 @@ def verify_sampled(drafts, q, p, rng) -> tuple[int, int]:
     return len(drafts), sample(p[len(drafts)], rng)
 
 
-def verify_greedy(drafts, q, p, rng=None) -> tuple[int, int]:
+def accept_greedy(drafts, q, p, rng=None) -> tuple[int, int]:
     """Greedy rule (temperature 0): accept while d_i is the target's argmax. p: K + 1 rows of
     target probabilities or logits (warping keeps the argmax, lowest id on ties); q is unused."""
     for i, d in enumerate(drafts):

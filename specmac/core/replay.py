@@ -32,11 +32,11 @@ def replay_greedy(match: str, policy: Any, n_tokens: int, t_target: Sequence[flo
         while a < k and match[pos + a] == "1":
             a += 1
         t_draft = k and (t_draft2 if caught_up else t_draft1) + (k - 1) * t_draft1
-        t_verify = t_target[k]
+        t_pass = t_target[k]
         new = min(a + 1, n_tokens - out)
         if not isinstance(policy, int):
             policy.update(Event(tokens=[0] * new, kinds=["accepted"] * new, k=k, n_drafted=k, n_accepted=a,
-                                t_draft=t_draft, t_verify=t_verify, t_other=t_other))
-        seconds += t_draft + t_verify + t_other
+                                t_draft=t_draft, t_target=t_pass, t_other=t_other))
+        seconds += t_draft + t_pass + t_other
         pos, out, caught_up = pos + new, out + new, 0 < k == a
     return n_tokens / seconds

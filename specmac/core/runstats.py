@@ -19,8 +19,9 @@ class RunStats:
     n_accepted: int = 0
     reached: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
+    k_steps: list[int] = field(default_factory=list)  # the K each step drafted (K = auto: its choices)
     t_draft: float = 0.0
-    t_verify: float = 0.0
+    t_target: float = 0.0
     t_other: float = 0.0
     t_prefill: float = 0.0  # prompt processing; not part of `seconds` (generation time)
     finish_reason: str | None = None
@@ -31,6 +32,8 @@ class RunStats:
         self.n_target_passes += e.n_passes
         self.n_drafted += e.n_drafted
         self.n_accepted += e.n_accepted
+        if e.tokens:
+            self.k_steps.append(e.k)
         grow = e.n_drafted - len(self.reached)
         if grow > 0:
             self.reached += [0] * grow
@@ -39,13 +42,13 @@ class RunStats:
             self.reached[i] += 1
             self.accepted_at[i] += i < e.n_accepted
         self.t_draft += e.t_draft
-        self.t_verify += e.t_verify
+        self.t_target += e.t_target
         self.t_other += e.t_other
         self.finish_reason = e.finish_reason or self.finish_reason
 
     @property
     def seconds(self) -> float:
-        return self.t_draft + self.t_verify + self.t_other
+        return self.t_draft + self.t_target + self.t_other
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -77,6 +80,6 @@ class RunStats:
             "tokens_per_second": self.tokens_per_second,
             "seconds": s,
             "prefill_seconds": self.t_prefill,
-            "time_split": {"draft": self.t_draft, "verify": self.t_verify, "other": self.t_other},
+            "time_split": {"draft": self.t_draft, "verify": self.t_target, "other": self.t_other},
             "finish_reason": self.finish_reason,
         }

@@ -1,7 +1,7 @@
-"""Greedy speculative vs greedy target-only, and why they part when they do.
+"""Greedy speculative vs greedy plain, and why they part when they do.
 
 At temperature 0 both methods take the target's argmax, so their outputs are identical unless
-the target's batched pass (which scores the drafts) and its one-token passes (target-only
+the target's batched pass (which scores the drafts) and its one-token passes (plain
 decoding) return different logits. In low precision they differ by round-off, and where the
 target's top two logits are closer than that difference the argmax can flip: a *near-tie flip*,
 expected and harmless. A mismatch where the gap is larger than the batched-vs-serial difference
@@ -31,7 +31,7 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 def _rows_at(pair: Pair, full: list[int], start: int, at: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """The target's logits [V] for the token at index ``at`` of ``full``: (serial, batched).
-    Serial: prompt prefill then one-token passes, as target-only decoding runs. Batched: the pass
+    Serial: prompt prefill then one-token passes, as plain decoding runs. Batched: the pass
     of the speculative step that began at index ``start``, ``width`` tokens wide (causal, so the
     tokens after ``at`` only pad it to the width it had)."""
     t, V = pair.target, pair.target.vocab.size
@@ -51,11 +51,11 @@ def _rows_at(pair: Pair, full: list[int], start: int, at: int, width: int) -> tu
 
 
 def diagnose(pair: Pair, prompt: Sequence[int], *, k: int, max_tokens: int) -> dict:
-    """Greedy speculative and target-only continuations of ``prompt``; where they part, the
+    """Greedy speculative and plain continuations of ``prompt``; where they part, the
     target's top-2 logit gap there and the batched-vs-serial logit difference at that point."""
     events = list(pair.stream(prompt, params=GREEDY, max_tokens=max_tokens, k=k))
     spec = [t for e in events for t in e.tokens]
-    base = pair.baseline().generate(prompt, params=GREEDY, max_tokens=max_tokens).token_ids
+    base = pair.plain().generate(prompt, params=GREEDY, max_tokens=max_tokens).token_ids
     i = first_difference(spec, base)
     if i is None:
         return {"match": True}

@@ -1,4 +1,4 @@
-"""Is the output still the target's? Speculative vs target-only continuations from fixed contexts.
+"""Is the output still the target's? Speculative vs plain continuations from fixed contexts.
 
 Design (level 3 of the proof; levels 1-2 are exact tests with the synthetic pair in tests/):
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specmac.api import Pair
-from specmac.core.rejection import VerifyRule
+from specmac.core.rejection import AcceptRule
 from specmac.core.sampling import SamplingParams
 from specmac.lossless.chisquare import ChiSquare, combine, holm, min_detectable_tv, two_sample
 
@@ -71,7 +71,7 @@ class Samples:
 
 def sample_continuations(pair: Pair, ctx_ids: Sequence[Sequence[int]], *, params: SamplingParams,
                          n: int, length: int, k: int, seed: int, method: int = 0,
-                         rule: VerifyRule | None = None,
+                         rule: AcceptRule | None = None,
                          progress: Callable[[int], None] | None = None) -> Samples:
     """n sequences of ``length`` tokens after each context; ``method`` keeps the seeds of the two
     methods apart; ``rule`` plants a wrong rejection rule (tests)."""
@@ -134,7 +134,7 @@ def compare_samples(spec: Samples, auto: Samples, *, alpha: float = 0.05, power:
 
 def two_sample_check(pair: Pair, *, params: SamplingParams, n_tokens: int = DEFAULT_TOKENS, k: int = 4,
                      length: int | None = None, contexts: Sequence[str] = DEFAULT_CONTEXTS,
-                     greedy_tokens: int = 32, seed: int = 0, rule: VerifyRule | None = None,
+                     greedy_tokens: int = 32, seed: int = 0, rule: AcceptRule | None = None,
                      progress: Callable[[int], None] | None = None) -> dict:
     """Both methods for about n_tokens each (rounded up to whole sequences); the Holm-adjusted
     family of chi-square tests, its power, counts by kind, and the greedy diagnosis."""
@@ -145,7 +145,7 @@ def two_sample_check(pair: Pair, *, params: SamplingParams, n_tokens: int = DEFA
     n = max(1, math.ceil(n_tokens / (length * len(ctx_ids))))
     kw = dict(params=params, n=n, length=length, k=k, seed=seed, progress=progress)
     spec = sample_continuations(pair, ctx_ids, method=0, rule=rule, **kw)
-    auto = sample_continuations(pair.baseline(), ctx_ids, method=1, **kw)
+    auto = sample_continuations(pair.plain(), ctx_ids, method=1, **kw)
     res = compare_samples(spec, auto)
     greedy = greedy_check(pair, ctx_ids, k=k, max_tokens=greedy_tokens)
     return res | greedy | {"greedy_tokens": greedy_tokens, "contexts": list(contexts), "k": k,

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from specmac.core.rejection import acceptance_probability, residual, verify_greedy, verify_sampled
+from specmac.core.rejection import accept_greedy, accept_sampled, acceptance_probability, residual
 from specmac.core.sampling import SamplingParams, warp
 
 GREEDY = SamplingParams(0.0)
@@ -14,7 +14,7 @@ GREEDY = SamplingParams(0.0)
 
 def step_distribution(p, q):
     """Exact distribution of the first token one verify step emits (K = 1), built from the same
-    acceptance_probability and residual that verify_sampled uses."""
+    acceptance_probability and residual that accept_sampled uses."""
     accept = np.array([acceptance_probability(p[x], q[x]) for x in range(len(p))])
     p_reject = float(np.sum(q * (1 - accept)))
     return q * accept + p_reject * residual(p, q)
@@ -85,12 +85,12 @@ def test_decisions_at_the_threshold():
     p = np.array([[0.2, 0.3, 0.5], [0.1, 0.1, 0.8]])
     q = np.array([[0.4, 0.3, 0.3]])
     # draft 0: acceptance p/q = 0.5
-    assert verify_sampled([0], q, p, ScriptedRng(0.4999, 0.99))[0] == 1  # accepted; bonus from p[1]
-    assert verify_sampled([0], q, p, ScriptedRng(0.4999, 0.99))[1] == 2
-    a, nxt = verify_sampled([0], q, p, ScriptedRng(0.5001, 0.0))
+    assert accept_sampled([0], q, p, ScriptedRng(0.4999, 0.99))[0] == 1  # accepted; bonus from p[1]
+    assert accept_sampled([0], q, p, ScriptedRng(0.4999, 0.99))[1] == 2
+    a, nxt = accept_sampled([0], q, p, ScriptedRng(0.5001, 0.0))
     assert a == 0 and nxt == 2  # residual max(0, p - q) = [0, 0, 0.2]: only id 2
     # draft 2: p >= q, always accepted
-    assert verify_sampled([2], q, p, ScriptedRng(0.99999, 0.5))[0] == 1
+    assert accept_sampled([2], q, p, ScriptedRng(0.99999, 0.5))[0] == 1
 
 
 def test_residual_guard_falls_back_to_p():
@@ -104,7 +104,7 @@ def test_monte_carlo_through_verify_sampled():
     out = []
     for _ in range(20000):
         d = int(rng.choice(5, p=q))
-        a, nxt = verify_sampled([d], q[None], np.stack([p, p]), rng)
+        a, nxt = accept_sampled([d], q[None], np.stack([p, p]), rng)
         out.append(d if a else nxt)  # the first emitted token
     counts = np.bincount(out, minlength=5)
     assert counts[2] == 0
@@ -114,10 +114,10 @@ def test_monte_carlo_through_verify_sampled():
 
 def test_greedy_rule():
     p = np.eye(4)[[2, 1, 3]]  # target argmax 2, then 1, then 3
-    assert verify_greedy([2, 1], None, p) == (2, 3)
-    assert verify_greedy([2, 0], None, p) == (1, 1)
-    assert verify_greedy([0, 1], None, p) == (0, 2)
-    assert verify_greedy([], None, p[:1]) == (0, 2)
+    assert accept_greedy([2, 1], None, p) == (2, 3)
+    assert accept_greedy([2, 0], None, p) == (1, 1)
+    assert accept_greedy([0, 1], None, p) == (0, 2)
+    assert accept_greedy([], None, p[:1]) == (0, 2)
 
 
 def test_greedy_rule_on_logits_equals_on_probabilities():
@@ -126,7 +126,7 @@ def test_greedy_rule_on_logits_equals_on_probabilities():
     for _ in range(200):
         logits = rng.integers(-3, 3, size=(4, 6)).astype(np.float32)  # many ties
         drafts = list(rng.integers(0, 6, size=3))
-        assert verify_greedy(drafts, None, logits) == verify_greedy(drafts, None, warp(logits, GREEDY))
+        assert accept_greedy(drafts, None, logits) == accept_greedy(drafts, None, warp(logits, GREEDY))
 
 
 # --- the greedy diagnosis of `specmac verify` (level 3's greedy half) -------------------------
