@@ -444,7 +444,7 @@ def test_pass_costs_are_kept_between_runs(monkeypatch, tmp_path):
     first = adaptive_policy(pair.target, pair.drafter.backend)
     second = adaptive_policy(pair.target, pair.drafter.backend)
     assert len(calls) == 1 and not first.calibration_cached and second.calibration_cached
-    assert np.array_equal(first.prior, second.prior) and first.prior_draft == second.prior_draft
+    assert np.array_equal(first.prior, second.prior) and first.costs.prior_draft == second.costs.prior_draft
     assert second.info()["calibration_cached"] is True
     other = Pair.load("synthetic", "synthetic", target_options={"latency_ms": 2})
     adaptive_policy(other.target, other.drafter.backend)
