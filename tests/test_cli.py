@@ -228,7 +228,7 @@ def test_debug_shows_the_traceback_of_a_user_error():
 
 
 def test_unexpected_error_keeps_its_traceback():
-    boom = ("import specmac.cli.render as r\n"
+    boom = ("import specmac.cli.runner as r\n"
             "def run(*a, **k): raise RuntimeError('a bug, not a user error')\n"
             "r.run = run\nfrom specmac.cli import main\nmain(prog_name='specmac')")
     r = subprocess.run([sys.executable, "-c", boom, "run", *PAIR, "hi"], capture_output=True, text=True,
@@ -422,7 +422,7 @@ def _stream(pieces: list[bytes], strip_leading_space: bool = False):
     """A TextStream over a toy tokenizer whose token i is pieces[i] (UTF-8 may split across tokens)."""
     import io
 
-    from specmac.cli.render import TextStream
+    from specmac.cli.runner import TextStream
 
     def decode(ids):
         text = b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")

@@ -141,9 +141,9 @@ K_TIE = 0.02
 
 def best(costs: Costs, alpha: float | Chains, k_max: int, tie: float = 0.0) -> tuple[int, float]:
     """(K, predicted tokens/s): the best K, or with ``tie`` the smallest K predicted within that
-    share of the best. Near the top S(K) is flat (on Qwen 0.5B -> 1.5B torch bf16, K = 4..8 within
-    5%), the prediction is not finer than a few percent (results/anatomy), and where acceptance
-    falls short of the prediction, as on texts other than advise's, a narrower K loses less."""
+    share of the best. Near the top S(K) is flat, the prediction is not finer than a few percent
+    (results/anatomy), and where acceptance falls short of the prediction, as on texts other than
+    advise's, a narrower K loses less."""
     table = [(k, costs.tps(alpha, k)) for k in range(1, k_max + 1)]
     top = max(t for _, t in table)
     return next((k, t) for k, t in table if t >= top * (1.0 - tie))

@@ -11,8 +11,8 @@ What is measured once and shared by every configuration that can share it:
   n = 1..k_max + 1 (``calibration.pass_costs``), the loop's own cost per step (a short plain run)
   and its logits on a reference text;
 * per draft variant: its one-token pass T_d(1), its prefill of the prompts (a run pays it once,
-  before its first draft: with mlx's serial CPU pass a 0.5B draft's prefill costs more than a
-  32-token run gains; results/anatomy) and its logits on the same text;
+  before its first draft, and a slow one outweighs what a short run gains; results/anatomy) and
+  its logits on the same text;
 * acceptance per (draft variant, target variant) from those logits alone (teacher forcing on the
   reference text, which the first target variant wrote itself): greedy, whether the draft's argmax
   is the target's; sampled, sum_x min(p(x), q(x)), the chance that one draft survives the rejection

@@ -44,9 +44,10 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
     On a terminal the text streams in colour: green tokens are accepted drafts, red ones the
     target's corrections, cyan ones bonus tokens. A stats block follows on stderr.
     """
-    from specmac.cli import render as cli_render
+    from specmac.cli import runner
+    from specmac.cli.textin import read_prompt
 
-    prompt = cli_render.read_prompt(prompt, prompt_file)
+    prompt = read_prompt(prompt, prompt_file)
     k = parse_k(k_text)  # everything is validated before any model loads
     params = sampling_params(kw)
     if baseline and kw["draft"] == "none":
@@ -56,7 +57,7 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
     policy = pair.timed_auto_policy(max_tokens) if k == "auto" else pair.policy(k)
     if chat:
         prompt = pair.target.apply_chat_template(prompt)
-    code = cli_render.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],
+    code = runner.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],
                       baseline=baseline, as_json=as_json, color=use_color(color, as_json),
                       meta={"command": " ".join(["specmac", *sys.argv[1:]])})
     sys.exit(code)
@@ -86,7 +87,7 @@ def verify(k_text, tokens, length, as_json, **kw):
     verdict says how large a difference would have been caught. At temperature 0 the greedy
     sequences are compared, and a mismatch that is not a near-tie flip is a FAIL.
     """
-    from specmac.cli import render as cli_render
+    from specmac.cli import runner
     from specmac.lossless.harness import DEFAULT_CONTEXTS, DEFAULT_TOKENS, default_length
 
     if kw["draft"] == "none":
@@ -102,7 +103,7 @@ def verify(k_text, tokens, length, as_json, **kw):
                         "or more")
     params = sampling_params(kw)
     pair = load_pair(kw)
-    cli_render.verify(pair, params=params, k=k, tokens=tokens, length=length, seed=kw["seed"],
+    runner.verify(pair, params=params, k=k, tokens=tokens, length=length, seed=kw["seed"],
                       as_json=as_json)
 
 
@@ -112,6 +113,6 @@ def verify(k_text, tokens, length, as_json, **kw):
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 def backends(as_json):
     """List every registered backend: installed?, library version, devices."""
-    from specmac.cli import render as cli_render
+    from specmac.cli.render import list_backends
 
-    cli_render.list_backends(as_json)
+    list_backends(as_json)

@@ -31,7 +31,7 @@ def pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
     """(T_t(n) for n = 1..k_max + 1, T_d(1)), seconds; T_d(1) is 0 without a draft model.
 
     Every width is timed: llama.cpp switches kernels with the batch size, so T(n) has dips
-    (T(16) < T(13) on a 1.5B Q4_K_M here) that interpolation would miss. The first two timings
+    that interpolation would miss (results/probes). The first two timings
     warm buffers and kernels up; T(1), every S(K)'s yardstick, is the median of three (or of
     ``repeats`` + 2), every other width the median of ``repeats`` sweeps (1 before ``k="auto"``'s
     first token, where the run's own steps refine the curve; advise, which has no run, takes 3 so
@@ -74,10 +74,9 @@ def _identity(backend: BaseBackend | None) -> dict | None:
 def cached_pass_costs(target: BaseBackend, draft: BaseBackend | None,
                       k_max: int) -> tuple[list[float], float, bool]:
     """``pass_costs`` for this machine, target and draft, measured once and kept (``costs_dir``):
-    (T_t(n), T_d(1), whether they came from the cache). The probe costs seconds on a 1.5B model
-    (2.7 s on Qwen2.5-Coder-1.5B Q4_K_M here, 15-24 s in torch fp32: more than the passes of 64
-    plain tokens; bench/calibration_cost.py), which every ``k="auto"`` run would otherwise pay before
-    its first token. Each run's steps refine its own copy, as they refine a fresh probe's; the kept
+    (T_t(n), T_d(1), whether they came from the cache). The probe costs seconds on a real model
+    (results/anatomy_auto, bench/calibration_cost.py), which every ``k="auto"`` run would otherwise
+    pay before its first token. Each run's steps refine its own copy, as they refine a fresh probe's; the kept
     file is not rewritten. A missing, unreadable or malformed entry is measured again; one that
     cannot be written is only not kept. Delete the folder to re-measure (say after a change of
     hardware or of load)."""

@@ -1,0 +1,68 @@
+"""Prompt input for the CLI: the argument, a file or stdin, as UTF-8 text with a size cap."""
+
+from __future__ import annotations
+
+import sys
+
+from specmac.errors import SpecmacError
+
+MAX_PROMPT_BYTES = 8 << 20  # far beyond any context window; /dev/zero must not fill the memory
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    """PROMPT, else --prompt-file (``-`` = stdin), else piped stdin; empty is a user error. Text is
+    strict UTF-8 (an error names the byte offset), at most MAX_PROMPT_BYTES, without a leading BOM."""
+    if prompt is not None and prompt_file:
+        raise SpecmacError("give the prompt as an argument or with --prompt-file, not both")
+    if prompt_file == "-" or (prompt is None and not prompt_file and not sys.stdin.isatty()):
+        prompt = _read_stdin()
+    elif prompt_file:
+        prompt = _read_text(prompt_file)
+    elif prompt is not None:
+        prompt = _check_argv(prompt)
+    if prompt and prompt[0] == "\ufeff":
+        prompt = prompt[1:]  # a byte-order mark is no part of the text
+    if not prompt:
+        raise SpecmacError("the prompt is empty: pass PROMPT, --prompt-file FILE, or pipe text in")
+    return prompt
+
+
+def _check_argv(prompt: str) -> str:
+    """argv arrives with undecodable bytes as lone surrogates (surrogateescape): refuse them."""
+    try:
+        data = prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        offset = len(prompt[: e.start].encode("utf-8", "surrogateescape"))
+        raise SpecmacError(f"PROMPT is not UTF-8 text (byte {offset}): pass UTF-8 text") from None
+    return _decode(data, "PROMPT")
+
+
+def _decode(data: bytes, what: str) -> str:
+    if len(data) > MAX_PROMPT_BYTES:
+        raise SpecmacError(f"{what} is larger than {MAX_PROMPT_BYTES >> 20} MiB, more than any context "
+                           "window holds: give a shorter text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecmacError(f"{what} is not UTF-8 text (byte {e.start}): convert it to UTF-8") from None
+
+
+def _read_stdin() -> str:
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream without bytes underneath (tests)
+        return _decode(sys.stdin.read(MAX_PROMPT_BYTES + 1).encode("utf-8", "surrogateescape"), "stdin")
+    return _decode(stream.read(MAX_PROMPT_BYTES + 1), "stdin")
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PROMPT_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecmacError(f"--prompt-file {path} does not exist: check the path") from None
+    except OSError as e:
+        raise SpecmacError(f"cannot read --prompt-file {path}: {e.strerror}") from None
+    return _decode(data, f"--prompt-file {path}")
+
+
+# --- streaming text --------------------------------------------------------------------------
