@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,25 +16,14 @@ from click.testing import CliRunner
 from specmac import backends as registry_module
 from specmac.backends import missing_requirements
 from specmac.cli import main
+from tests.helpers import PAIR, REPO, SYN, Case, assert_one_line_error, cli_env
 
-REPO = Path(__file__).resolve().parents[1]
 SMOLLM = Path.home() / ".cache/specmac/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-SYN = ["--target", "synthetic"]
-PAIR = ["--draft", "synthetic", "--target", "synthetic"]
 ML_MODULES = ("torch", "mlx", "mlx_lm", "llama_cpp", "transformers", "safetensors")
 
 # simulates a machine without mlx: find_spec reports it missing (nothing else changes)
 HIDE_MLX = ("import importlib.util as u; real = u.find_spec; "
             "u.find_spec = lambda n, *a: None if n == 'mlx' else real(n, *a)")
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    args: tuple[str, ...]
-    needle: str  # the message must name the problem: this text, case-insensitive
-    backend: str | None = None  # a real backend the case needs (skipped only where it is missing)
-    setup: str | None = None  # "hide-mlx" | "plugin" | "real-gguf"
 
 
 CASES = [
@@ -155,16 +143,6 @@ def _args(case: Case, files: dict[str, str]) -> list[str]:
     return [a.format(**files) for a in case.args]
 
 
-def _assert_one_line_error(case: Case, code: int, stdout: str, stderr: str) -> None:
-    lines = stderr.strip().splitlines()
-    assert code == 2, f"exit {code}, stderr: {stderr}"
-    assert "Traceback" not in stderr
-    assert len(lines) == 1, f"expected one line, got: {stderr!r}"
-    assert lines[0].startswith("Error: ")
-    assert case.needle.lower() in lines[0].lower(), lines[0]
-    assert stdout == ""
-
-
 # --- the bad-input matrix ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", _params())
@@ -178,17 +156,11 @@ def test_bad_input_cli_runner(case: Case, files, monkeypatch):
         monkeypatch.syspath_prepend(files["plugin"])
     result = CliRunner().invoke(main, _args(case, files), input="")
     assert isinstance(result.exception, SystemExit), result.exception  # not an unexpected error
-    _assert_one_line_error(case, result.exit_code, result.stdout, result.stderr)
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("SPECMAC_DEBUG", "NO_COLOR")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env | extra
+    assert_one_line_error(case, result.exit_code, result.stdout, result.stderr)
 
 
 def _run_subprocess(case: Case, files: dict[str, str]) -> subprocess.CompletedProcess:
-    env = _env()
+    env = cli_env()
     cmd = [sys.executable, "-m", "specmac"]
     if case.setup == "hide-mlx":
         cmd = [sys.executable, "-c", f"{HIDE_MLX}; from specmac.cli import main; main(prog_name='specmac')"]
@@ -210,7 +182,7 @@ def subprocess_results(files) -> dict[str, subprocess.CompletedProcess]:
 @pytest.mark.parametrize("case", _params())
 def test_bad_input_subprocess(case: Case, subprocess_results):
     r = subprocess_results[case.id]
-    _assert_one_line_error(case, r.returncode, r.stdout, r.stderr)
+    assert_one_line_error(case, r.returncode, r.stdout, r.stderr)
 
 
 def test_matrix_is_wide():
@@ -220,7 +192,7 @@ def test_matrix_is_wide():
 
 def test_debug_shows_the_traceback_of_a_user_error():
     r = subprocess.run([sys.executable, "-m", "specmac", "run", *PAIR, "--k", "0", "hi"],
-                       capture_output=True, text=True, env=_env(SPECMAC_DEBUG="1"), cwd=REPO, timeout=120)
+                       capture_output=True, text=True, env=cli_env(SPECMAC_DEBUG="1"), cwd=REPO, timeout=120)
     assert r.returncode == 2
     assert "Traceback" in r.stderr
     last = r.stderr.strip().splitlines()[-1]
@@ -232,7 +204,7 @@ def test_unexpected_error_keeps_its_traceback():
             "def run(*a, **k): raise RuntimeError('a bug, not a user error')\n"
             "r.run = run\nfrom specmac.cli import main\nmain(prog_name='specmac')")
     r = subprocess.run([sys.executable, "-c", boom, "run", *PAIR, "hi"], capture_output=True, text=True,
-                       env=_env(), cwd=REPO, timeout=120)
+                       env=cli_env(), cwd=REPO, timeout=120)
     assert r.returncode == 1
     assert "Traceback" in r.stderr and "RuntimeError: a bug, not a user error" in r.stderr
 
@@ -409,7 +381,7 @@ def test_help_imports_no_ml_framework(args):
     code = (f"import sys\nfrom specmac.cli import main\n"
             f"main({args!r}, prog_name='specmac', standalone_mode=False)\n"
             f"print('LOADED', sorted(m for m in {ML_MODULES!r} if m in sys.modules))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=REPO,
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd=REPO,
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert "Usage: specmac" in r.stdout

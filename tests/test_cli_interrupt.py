@@ -9,11 +9,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO, cli_env
+
 # slow enough to interrupt: every pass of draft and target sleeps; 4000 tokens would take minutes
 SLOW = [sys.executable, "-m", "specmac", "run", "--draft", "synthetic", "--target", "synthetic",
         "--temperature", "1", "--max-tokens", "4000", "--target-opt", "latency_ms=20",
@@ -22,16 +22,10 @@ SLOW = [sys.executable, "-m", "specmac", "run", "--draft", "synthetic", "--targe
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child needs POSIX")
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "SPECMAC_DEBUG")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
-
-
 def _start(args: list[str]) -> subprocess.Popen:
     # SIG_DFL in the child even if this runner ignores SIGINT, so Python installs its handler
     return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=_env(), cwd=REPO,
+                            env=cli_env(), cwd=REPO,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO, cli_env
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 GREEN, RED, CYAN = "\x1b[32m", "\x1b[31m", "\x1b[36m"
 # temperature 1 with a noisy synthetic draft: accepted, corrected and bonus tokens all occur
@@ -24,10 +23,7 @@ needs_script = pytest.mark.skipif(shutil.which("script") is None,
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "SPECMAC_DEBUG")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["TERM"] = "xterm-256color"
-    return env | extra
+    return cli_env(TERM="xterm-256color", **extra)
 
 
 def in_pty(args: list[str], **env: str) -> str:

@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,21 +19,7 @@ from click.testing import CliRunner
 
 from specmac.backends import missing_requirements
 from specmac.cli import main
-
-REPO = Path(__file__).resolve().parents[1]
-SYN = ("--target", "synthetic")
-PAIR = ("--draft", "synthetic", "--target", "synthetic")
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    args: tuple[str, ...]
-    needle: str  # the one line must say this (case-insensitive)
-    backend: str | None = None  # a real backend the case needs (skipped where it is missing)
-    stdin: bytes = b""
-    subprocess: bool = False  # bytes in argv or stdin, or signals: a real process
-    env: tuple[tuple[str, str], ...] = ()  # extra environment (a real process)
+from tests.helpers import PAIR, REPO, SYN, Case, assert_one_line_error
 
 
 def broken_models(root: Path) -> dict[str, str]:
@@ -206,16 +191,6 @@ def _listing(*dirs: Path) -> set[str]:
     return {str(p) for d in dirs for p in d.rglob("*")}
 
 
-def _check(case: Case, code: int, stdout: str, stderr: str) -> None:
-    lines = stderr.strip().splitlines()
-    assert code == 2, f"exit {code}, stderr: {stderr}"
-    assert "Traceback" not in stderr
-    assert len(lines) == 1, f"expected one line, got: {stderr!r}"
-    assert lines[0].startswith("Error: ")
-    assert case.needle.lower() in lines[0].lower(), lines[0]
-    assert stdout == ""
-
-
 def run_case(case: Case, files: dict[str, str], cwd: Path) -> tuple[int, str, str]:
     args = [a.format(**files) for a in case.args]
     if case.subprocess:
@@ -237,7 +212,7 @@ def test_hostile_input(case: Case, files, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = _listing(tmp_path, Path(files["root"]))
     code, out, err = run_case(case, files, tmp_path)
-    _check(case, code, out, err)
+    assert_one_line_error(case, code, out, err)
     assert _listing(tmp_path, Path(files["root"])) == before, "files were left behind"
 
 
@@ -379,7 +354,7 @@ def plugins(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", list(PLUGINS))
 def test_broken_plugin_is_one_line(name, plugins):
     result = CliRunner().invoke(main, ["run", "--target", name, "hi"])
-    _check(Case(name, (), PLUGINS[name][2]), result.exit_code, result.stdout, result.stderr)
+    assert_one_line_error(Case(name, (), PLUGINS[name][2]), result.exit_code, result.stdout, result.stderr)
 
 
 def test_backends_lists_broken_plugins(plugins):
