@@ -24,3 +24,9 @@ def write_json(path: str | Path, record: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def cache_home() -> Path:
+    """Where specmac keeps what outlives a run (converted models, measured pass costs):
+    $SPECMAC_CACHE, else ~/.cache/specmac."""
+    return Path(os.environ.get("SPECMAC_CACHE") or Path.home() / ".cache" / "specmac").expanduser()

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from specmac.backends import BaseBackend
-from specmac.backends.conversion.cache import cache_root, signature
+from specmac.backends.conversion.cache import signature
 from specmac.core.policy import AdaptiveK
 from specmac.core.timing import probe_tokens, time_single, timed
 from specmac.errors import SpecmacError
-from specmac.files import write_json
+from specmac.files import cache_home, write_json
 
 
 def pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
@@ -57,7 +57,7 @@ def pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
 
 def costs_dir() -> Path:
     """Where measured pass costs are kept: $SPECMAC_CACHE/calibration, else ~/.cache/specmac/calibration."""
-    return cache_root().parent / "calibration"
+    return cache_home() / "calibration"
 
 
 def _identity(backend: BaseBackend | None) -> dict | None:

@@ -20,14 +20,15 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from specmac.files import cache_home
+
 SIDECAR = "specmac_source.json"
 TMP_PREFIX = ".tmp-"
 
 
 def cache_root() -> Path:
     """Where converted models live: $SPECMAC_CACHE/converted, else ~/.cache/specmac/converted."""
-    base = os.environ.get("SPECMAC_CACHE") or Path.home() / ".cache" / "specmac"
-    return Path(base).expanduser() / "converted"
+    return cache_home() / "converted"
 
 
 def sha256_path(path: Path, chunk: int = 1 << 22) -> str:
