@@ -7,11 +7,12 @@ Ctrl-C exits 130. This module imports click alone at import time so that ``--hel
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -311,6 +312,20 @@ def check_outputs(out: str | None, plot: str | None) -> None:
         check_output(out, "out")
     if plot:
         check_output(plot, "plot", image=True)
+
+
+@contextlib.contextmanager
+def owned_outputs(out: str | None, plot: str | None) -> Iterator[None]:
+    """check_outputs, then hold --out and --plot for the whole run: a second run writing the same
+    file is refused with one line naming this one (specmac.files.output_lock)."""
+    from specmac.files import output_lock
+
+    check_outputs(out, plot)
+    with contextlib.ExitStack() as stack:
+        for path, flag in ((out, "out"), (plot, "plot")):
+            if path:
+                stack.enter_context(output_lock(path, folder=False, param=f"--{flag}"))
+        yield
 
 
 def report_record(record: dict, out: str | None, draw, as_json: bool, show) -> None:
