@@ -122,3 +122,102 @@ def test_json_outputs_follow_the_umask(tmp_path, mask, mode):
         os.umask(old)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == mode
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+# --- 2. kept pass costs are evidence ----------------------------------------------------------
+
+AUTO = ["run", *PAIR, "--target-opt", "latency_ms=2", "--k", "auto", "--max-tokens", "40", "hello"]
+
+
+def _costs_line(r) -> str:
+    assert r.exit_code == 0, r.stderr
+    return next(line for line in r.stderr.splitlines() if line.startswith("pass costs for K"))
+
+
+@pytest.fixture()
+def kept(tmp_path, monkeypatch):
+    """A kept entry for AUTO's pair, made by a first run: (its path, its parsed content)."""
+    from specmac.core import calibration
+
+    monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECMAC_REMEASURE", "0")  # undone after the test (--remeasure sets it)
+    assert "measured before the first token, kept for later runs" in _costs_line(invoke(AUTO))
+    assert "kept from an earlier run" in _costs_line(invoke(AUTO))
+    (path,) = calibration.costs_dir().glob("*.json")
+    return path, json.loads(path.read_text())
+
+
+def _damage(entry: dict, how: str) -> dict:
+    t = entry["t_target"]
+    return entry | {"nan": {"t_target": [float("nan")] + t[1:]},
+                    "inf": {"t_target": t[:-1] + [float("inf")]},
+                    "x1000": {"t_target": [x * 1000 for x in t]},
+                    "x0.001": {"t_target": [x / 1000 for x in t]},
+                    "negative": {"t_target": [-x for x in t]}, "draft_nan": {"t_draft": float("nan")},
+                    "short": {"t_target": t[:3]}, "strings": {"t_target": ["fast"] * len(t)}}[how]
+
+
+@pytest.mark.parametrize("how, why", [
+    ("nan", "holds nan s"), ("inf", "holds inf s"), ("draft_nan", "holds nan s"),
+    ("negative", "not a finite positive time"), ("short", "has 3 widths"), ("strings", "malformed"),
+    ("x1000", "x a fresh one-token pass"), ("x0.001", "is 0.001x a fresh one-token pass"),
+])
+def test_a_kept_entry_that_lies_is_measured_again(kept, how, why):
+    path, entry = kept
+    path.write_text(json.dumps(_damage(entry, how)))
+    line = _costs_line(invoke(AUTO))
+    assert "re-measured because" in line and why in line and "kept for later runs" in line, line
+    again = json.loads(path.read_text())["t_target"]
+    assert all(0 < x < 1 for x in again) and len(again) == len(entry["t_target"])  # rewritten whole
+    assert "kept from an earlier run" in _costs_line(invoke(AUTO))
+
+
+def test_a_kept_entry_the_run_contradicts_is_dropped(kept):
+    """T(1) right (it passes the fresh check), the wider passes 10x too cheap: the run drafts wide,
+    its own passes disagree, and the entry goes."""
+    path, entry = kept
+    t = entry["t_target"]
+    path.write_text(json.dumps(entry | {"t_target": t[:1] + [x / 10 for x in t[1:]]}))
+    line = _costs_line(invoke(AUTO))
+    assert "kept from an earlier run" in line and "the kept costs (median of 4): the kept entry is dropped" \
+        in line, line
+    assert not path.exists()
+
+
+def test_remeasure_flag_and_variable(kept, monkeypatch):
+    path, _ = kept
+    before = path.stat().st_mtime_ns
+    assert "re-measured as asked" in _costs_line(invoke([*AUTO, "--remeasure"]))
+    monkeypatch.setenv("SPECMAC_REMEASURE", "1")
+    assert "re-measured as asked" in _costs_line(invoke(AUTO))
+    assert path.stat().st_mtime_ns > before
+
+
+@pytest.mark.parametrize("where", ["cache_is_a_file", "home_under_a_file", "read_only"])
+def test_costs_that_cannot_be_kept_say_so(tmp_path, monkeypatch, where):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SPECMAC_REMEASURE", "0")
+    if where == "cache_is_a_file":
+        monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "file"))
+    elif where == "home_under_a_file":
+        monkeypatch.delenv("SPECMAC_CACHE", raising=False)
+        monkeypatch.setenv("HOME", str(tmp_path / "file" / "home"))
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only folder: no permission to be refused")
+        (tmp_path / "ro").mkdir(mode=0o555)
+        monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "ro"))
+    for _ in range(2):
+        line = _costs_line(invoke(AUTO))
+        assert "measured before the first token; could not keep: Not a directory" in line \
+            or "could not keep: Permission denied" in line, line
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--k", "auto", "--target", "synthetic"], "--k auto chooses how many drafts"),
+    (["--remeasure", *PAIR], "--remeasure re-measures the pass costs that --k auto uses"),
+])
+def test_run_flags_that_would_do_nothing_are_refused(args, needle):
+    r = invoke(["run", *args, "hello"])
+    _one_line(r.exit_code, r.stderr, needle)
+    assert r.stdout == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -28,6 +29,9 @@ from specmac.cli.app import (
                    "0 drafts when no K is predicted to pay, trying to draft within 3% of the run's time). "
                    "'auto' is not reproducible: K depends on "
                    "wall-clock timings, so the same --seed can give other text.")
+@click.option("--remeasure", is_flag=True,
+              help="With --k auto: measure the pass costs again instead of using the kept ones "
+                   "(as SPECMAC_REMEASURE=1 does).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, metavar="N",
               help="Stop after N generated tokens (or at EOS, or at the context window).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False),
@@ -37,7 +41,7 @@ from specmac.cli.app import (
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--color/--no-color", "color", default=None,
               help="Colour the tokens by origin (default: on a terminal, unless NO_COLOR is set).")
-def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color, **kw):
+def run(prompt, k_text, remeasure, max_tokens, prompt_file, chat, baseline, as_json, color, **kw):
     """Generate from PROMPT (or --prompt-file, or stdin) with speculative decoding.
 
     On a terminal the text streams in colour: green tokens are accepted drafts, red ones the
@@ -50,6 +54,13 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
     params = sampling_params(kw)
     if baseline and kw["draft"] == "none":
         raise UserError("--baseline compares speculative with target-only decoding: add --draft BACKEND")
+    if k == "auto" and kw["draft"] == "none":
+        raise UserError("--k auto chooses how many drafts to verify, and --draft none makes none: add "
+                        "--draft BACKEND (or --draft ngram), or drop --k")
+    if remeasure and k != "auto":
+        raise UserError("--remeasure re-measures the pass costs that --k auto uses: add --k auto or drop it")
+    if remeasure:
+        os.environ["SPECMAC_REMEASURE"] = "1"  # read where the kept costs are (specmac.core.calibration)
     pair = load_pair(kw)
     policy = pair.policy(k, max_tokens)  # "auto" measures the pair's pass costs here, before the first token
     if chat:
