@@ -221,3 +221,89 @@ def test_run_flags_that_would_do_nothing_are_refused(args, needle):
     r = invoke(["run", *args, "hello"])
     _one_line(r.exit_code, r.stderr, needle)
     assert r.stdout == ""
+
+
+# --- 3. signals during C calls ------------------------------------------------------------------
+
+SIGNAL_IN_PROGRESS_CALLBACK = """
+import signal, sys, time
+import llama_cpp
+real = llama_cpp.llama_progress_callback
+calls = []
+def wrapped(fn):  # the signal arrives while llama.cpp loads: inside its first progress callback
+    def cb(progress, user_data):
+        if not calls:
+            signal.raise_signal(getattr(signal, sys.argv[1]))
+        calls.append(progress)
+        return fn(progress, user_data)
+    return real(cb)
+llama_cpp.llama_progress_callback = wrapped
+from specmac.cli import main
+t0 = time.monotonic()
+try:
+    main(sys.argv[2:])
+finally:
+    print(f"calls={len(calls)} seconds={time.monotonic() - t0:.2f}", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_gguf_load_stops_it(tmp_path, sig):
+    """Before: the KeyboardInterrupt was raised inside llama.cpp's log callback, printed as "Exception
+    ignored on calling ctypes callback function", and the load went on to exit 0."""
+    pytest.importorskip("llama_cpp")
+    r = subprocess.run([sys.executable, "-c", SIGNAL_IN_PROGRESS_CALLBACK, sig, "run", "--target", "gguf",
+                        "--max-tokens", "4", "hello"], capture_output=True, env=_env(), cwd=tmp_path,
+                       timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 130, err
+    assert "Traceback" not in err and "Exception ignored" not in err and r.stdout == b""
+    assert err.strip().splitlines()[0] == "interrupted"
+    calls = int(err.split("calls=")[1].split()[0])
+    assert calls == 1, err  # the load stopped at the callback that saw the signal
+
+
+SLOW_QUANTIZE = """
+import subprocess, sys, threading, os, signal
+from specmac.backends import gguf_quantize
+real = subprocess.Popen
+def slow(args, **kw):  # a child that takes as long as a 1.5B model's requantisation
+    child = real([sys.executable, "-c", "import time; time.sleep(60)"], **kw)
+    threading.Timer(0.5, os.kill, (os.getpid(), getattr(signal, sys.argv[1]))).start()
+    return child
+gguf_quantize.subprocess.Popen = slow
+from specmac.cli import main
+main(sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_requantisation_stops_it_and_leaves_no_entry(tmp_path, sig):
+    pytest.importorskip("llama_cpp")
+    from specmac import assets
+
+    cache = tmp_path / "cache"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", SLOW_QUANTIZE, sig, "run", "--target", "gguf", "--target-model",
+                        str(assets.gguf_file("target", "f16")), "--target-opt", "quant=q8_0", "hello"],
+                       capture_output=True, env=_env(SPECMAC_CACHE=str(cache)), cwd=tmp_path, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 130, err
+    assert time.monotonic() - t0 < 30  # the 60 s child was killed, not waited for
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted"
+    assert list((cache / "converted").iterdir()) == []  # no entry, no half-written temporary folder
+
+
+def test_a_signal_during_a_framework_import_waits_for_it(tmp_path):
+    """Ctrl-C during `import torch` once aborted the process ("terminate called after throwing an
+    instance of 'pybind11::error_already_set'", exit -6): it is held until the import is done."""
+    pytest.importorskip("torch")
+    script = ("import os, signal, sys, threading\n"
+              "from specmac.backends.interrupt import import_held\n"
+              "threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+              "try:\n    import_held('torch')\nexcept KeyboardInterrupt:\n"
+              "    print('torch' in sys.modules and hasattr(sys.modules['torch'], 'tensor'))\n"
+              "    sys.exit(130)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, env=_env(), timeout=300)
+    assert r.returncode == 130, r.stderr.decode()
+    assert r.stdout.decode().strip() == "True"  # the import finished before the interrupt was raised
