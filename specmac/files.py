@@ -50,6 +50,19 @@ def write_json(path: str | Path, record: Any) -> Path:
     return path
 
 
+def read_capped(path: str | Path, limit: int, what: str, param: str | None = None) -> bytes:
+    """The bytes of a file the user named, refused (BadOption) past ``limit`` bytes: a link to
+    /dev/zero, or a huge file given by mistake, must not fill the memory. OSError passes through."""
+    from specmac.errors import BadOption
+
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise BadOption(f"{what} {path} is larger than {limit >> 20} MiB, more than such a file ever holds: "
+                        "give the right file", param=param)
+    return data
+
+
 def _holder(lock: Path) -> str:
     """Who holds a lock file, as it says: "pid N: command" (or that it does not say)."""
     try:

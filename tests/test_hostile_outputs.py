@@ -307,3 +307,104 @@ def test_a_signal_during_a_framework_import_waits_for_it(tmp_path):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, env=_env(), timeout=300)
     assert r.returncode == 130, r.stderr.decode()
     assert r.stdout.decode().strip() == "True"  # the import finished before the interrupt was raised
+
+
+# --- 4. every flag does what it says or is refused -----------------------------------------------
+
+@pytest.mark.parametrize("args, needle", [
+    (["advise", "--target", "synthetic", "--backends", ","], "--backends ',' has an empty name"),
+    (["advise", "--backends", "gguf,,torch"], "has an empty name"),
+    (["advise", "--target", "synthetic", "--plot", "p.png"], "--plot applies only to one pairing"),
+    (["advise", "--target", "synthetic", "--context", "64"], "--context applies only to one pairing"),
+    (["advise", "--target", "synthetic", "--repeats", "2"], "--repeats applies only to one pairing"),
+    (["advise", *PAIR, "--k-max", "4"], "--k-max applies only to the ranking"),
+    (["advise", "--target-model", "a.gguf", "--target-model", "a.gguf"], "--target-model a.gguf is given"),
+    (["advise", "--draft-model", "d.gguf", "--draft-model", "d.gguf"], "--draft-model d.gguf is given"),
+    (["verify", *PAIR, "--tokens", "9223372036854775807"], "use at most 10000000 per method"),
+    (["verify", *PAIR, "--length", "5000", "--tokens", "99999999"], "use at most 10000000 per method"),
+    (["verify", *PAIR, "--length", "100000", "--tokens", "999999"], "does not fit the target's context"),
+    (["verify", *PAIR, "--target-opt", "latency_ms=20", "--tokens", "9999999"], "at most 24 h): use"),
+])
+def test_flags_outside_their_mode_or_bounds_are_refused(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    r = invoke(args)
+    _one_line(r.exit_code, r.stderr, needle)
+    assert r.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def good_record(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("rec") / "D"
+    assert invoke([*QUICK_COMPARE, "--repeats", "1", "--out", d]).exit_code == 0
+    return json.loads((d / "results.json").read_text())
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda r: r["results"][1].update(draft=None), "results[1].draft is None, not a name"),
+    (lambda r: r["results"][1]["speedup"].update(median=float("nan")), "results[1].speedup holds"),
+    (lambda r: r["results"][0]["tokens_per_second"].update(p25=float("inf")), "not finite numbers"),
+    (lambda r: r["results"][1].update(speedup=float("nan")), "results[1].speedup holds nan"),
+    (lambda r: r["results"].__setitem__(0, 3), "results[0] is not an object"),
+])
+def test_report_refuses_a_record_it_would_render_wrong(tmp_path, good_record, damage, needle):
+    rec = json.loads(json.dumps(good_record))
+    damage(rec)
+    (tmp_path / "results.json").write_text(json.dumps(rec))
+    r = invoke(["report", tmp_path])
+    _one_line(r.exit_code, r.stderr, needle)
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+@pytest.mark.parametrize("what", ["config", "record"])
+def test_dev_zero_is_refused_by_size(tmp_path, what):
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero here")
+    if what == "config":
+        (tmp_path / "c.toml").symlink_to("/dev/zero")
+        r = invoke([*QUICK_COMPARE, "--config", tmp_path / "c.toml", "--out", tmp_path / "o"])
+        needle = "--config"
+    else:
+        (tmp_path / "results.json").symlink_to("/dev/zero")
+        r = invoke(["report", tmp_path])
+        needle = "results.json is larger than 64 MiB"
+    _one_line(r.exit_code, r.stderr, needle)
+    assert "larger than" in r.stderr and not (tmp_path / "o").exists()
+
+
+def _proc(args, cwd, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "specmac", *args], cwd=cwd, env=env or _env(),
+                          capture_output=True, timeout=120, **kw)
+
+
+def test_a_full_disk_on_stdout_is_one_line(tmp_path):
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "specmac", "run", *PAIR, "--max-tokens", "20", "hello"],
+                           stdout=full, stderr=subprocess.PIPE, env=_env(), cwd=tmp_path, timeout=120)
+    _one_line(r.returncode, r.stderr.decode(), "no space left on the device")
+
+
+def test_a_closed_stdout_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "specmac", "run", *PAIR, "--max-tokens", "5", "hello"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(), cwd=tmp_path,
+                       timeout=120, preexec_fn=lambda: os.close(1))
+    _one_line(r.returncode, r.stderr.decode(), "standard output is closed")
+
+
+def test_compare_in_a_deleted_working_folder_is_one_line(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = ("import os, sys, time\nos.rmdir(os.getcwd())\nfrom specmac.cli import main\n"
+              "main(['compare', '--pair', 'synthetic:synthetic', '--k', '1', '--n-prompts', '1'])\n")
+    r = subprocess.run([sys.executable, "-c", script], cwd=gone, env=_env(), capture_output=True, timeout=120)
+    _one_line(r.returncode, r.stderr.decode(), "the working folder no longer exists")
+
+
+def test_utf8_arguments_under_the_c_locale(tmp_path):
+    env = _env(LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    r = _proc(["run", "--target", "synthetic", "--max-tokens", "3", "--json", "héllo wörld"], tmp_path, env)
+    assert r.returncode == 0, r.stderr.decode()
+    assert json.loads(r.stdout)["n_prompt_tokens"] > 0
+    bad = _proc(["run", "--target", "synthetic", b"ab\xffcd"], tmp_path, env)
+    _one_line(bad.returncode, bad.stderr.decode(), "PROMPT is not UTF-8 text (byte 2)")

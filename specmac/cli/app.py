@@ -8,6 +8,7 @@ Ctrl-C exits 130. This module imports click alone at import time so that ``--hel
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -100,10 +101,20 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         _sigterm_like_ctrl_c()
         try:
+            check_streams()
             return super().invoke(ctx)
         except BrokenPipeError:  # the reader went away (`| head`): end quietly, as cat does
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             ctx.exit(0)
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                raise
+            _debug_traceback(e)
+            if e.filename is None:  # stdout: what is still buffered there would fail again at exit
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise UserError(f"no space left on the device while writing {e.filename or 'the output'}: "
+                            "free some space or write elsewhere") from None
         except SpecmacError as e:
             raise _user_error(e) from None
         except UserError as e:  # raised by a command's own checks
@@ -116,6 +127,20 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
             ctx.exit(130)
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def check_streams() -> None:
+    """A closed stdout (``>&-``) or working folder that no longer exists: one line, before anything runs."""
+    if sys.stdout is None:
+        raise UserError("standard output is closed: give the command somewhere to write, e.g. > /dev/null")
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise UserError("the working folder no longer exists (deleted while in use): cd to a folder "
+                        "that exists and run again") from None
 
 
 def _sigterm_like_ctrl_c() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -50,12 +51,13 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 
 
 def _check_argv(prompt: str) -> str:
-    """argv arrives with undecodable bytes as lone surrogates (surrogateescape): refuse them."""
+    """argv arrives decoded with the locale's encoding, undecodable bytes as lone surrogates
+    (surrogateescape): back to the bytes typed, then strict UTF-8, so UTF-8 text is accepted under
+    LC_ALL=C too (where the locale says ASCII) and invalid bytes are refused by offset."""
     try:
-        data = prompt.encode("utf-8")
-    except UnicodeEncodeError as e:
-        offset = len(prompt[: e.start].encode("utf-8", "surrogateescape"))
-        raise SpecmacError(f"PROMPT is not UTF-8 text (byte {offset}): pass UTF-8 text") from None
+        data = os.fsencode(prompt)
+    except UnicodeEncodeError:  # text that did not come from argv (tests, the API)
+        data = prompt.encode("utf-8", "surrogateescape")
     return _decode(data, "PROMPT")
 
 
@@ -279,12 +281,13 @@ KINDS = ("accepted", "corrected", "bonus", "target")
 
 
 def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: int, seed: int,
-           as_json: bool) -> None:
+           as_json: bool, progress_lines: bool = False) -> None:
+    """``progress_lines``: off a terminal, a line at every tenth of the tokens (a long run)."""
     from specmac.lossless.harness import two_sample_check
 
     kw = dict(params=params, n_tokens=tokens, k=k, length=length, seed=seed)
     if as_json or not sys.stderr.isatty():
-        res = two_sample_check(pair, **kw)
+        res = two_sample_check(pair, **kw, progress=_tenths(2 * tokens) if progress_lines else None)
     else:
         from rich.console import Console
         from rich.progress import Progress
@@ -301,6 +304,19 @@ def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: i
         click.echo(line)
     click.echo("")
     click.echo(res["verdict"])
+
+
+def _tenths(total: int):
+    """A progress callback (tokens done so far, in steps) that prints a line at each 10%."""
+    done, shown = [0], [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        if 10 * done[0] >= (shown[0] + 1) * total:
+            shown[0] = min(10, 10 * done[0] // total)
+            click.echo(f"verify: {10 * shown[0]}% ({done[0]} of ~{total} tokens)", err=True)
+
+    return tick
 
 
 def verify_table(res: dict) -> list[str]:

@@ -109,10 +109,51 @@ def verify(k_text, tokens, length, as_json, **kw):
         raise UserError(f"--tokens {tokens} is too few for one sequence of {length} tokens per context "
                         f"({len(DEFAULT_CONTEXTS)} contexts): use --tokens {length * len(DEFAULT_CONTEXTS)} "
                         "or more")
+    if tokens > MAX_VERIFY_TOKENS:
+        raise UserError(f"--tokens {tokens} is out of range: use at most {MAX_VERIFY_TOKENS} per method (the "
+                        f"default {DEFAULT_TOKENS} catches every planted bug on the synthetic pair)")
     params = sampling_params(kw)
     pair = load_pair(kw)
+    long = _verify_estimate(pair, tokens, length, len(DEFAULT_CONTEXTS))
     cli_render.verify(pair, params=params, k=k, tokens=tokens, length=length, seed=kw["seed"],
-                      as_json=as_json)
+                      as_json=as_json, progress_lines=long)
+
+
+MAX_VERIFY_TOKENS = 10_000_000
+MAX_VERIFY_HOURS = 24
+
+
+def _verify_estimate(pair, tokens: int, length: int, n_contexts: int) -> bool:
+    """Refuse a --length past the context window, and a run estimated (from one target pass timed
+    now) to take more than MAX_VERIFY_HOURS; say the estimate of a run over a minute. -> whether
+    it is that long (then progress is printed off a terminal too)."""
+    from specmac.core.calibration import fresh_t1
+    from specmac.lossless.harness import DEFAULT_CONTEXTS
+
+    room = pair.target.n_ctx - max(len(pair.encode(c)) for c in DEFAULT_CONTEXTS)
+    if length > room:
+        raise UserError(f"--length {length} does not fit the target's context window ({pair.target.n_ctx} "
+                        f"tokens, the longest context included): use --length {max(room, 2)} or less")
+    per_seq = length * n_contexts
+    total = 2 * -(-tokens // per_seq) * per_seq  # both methods, rounded up to whole sequences
+    t1 = fresh_t1(pair.target)
+    seconds = total * t1
+    if seconds > MAX_VERIFY_HOURS * 3600:
+        fit = int(MAX_VERIFY_HOURS * 3600 / (2 * t1))
+        raise UserError(f"--tokens {tokens} would take about {_duration(seconds)} here ({total} tokens at "
+                        f"~{t1 * 1e3:.2g} ms per target pass; at most {MAX_VERIFY_HOURS} h): use --tokens "
+                        f"{fit} or fewer")
+    if seconds > 60:
+        click.echo(f"verify: about {_duration(seconds)} ({total} tokens at ~{t1 * 1e3:.2g} ms per target "
+                   "pass)", err=True)
+    return seconds > 60
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 # --- backends -----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from specmac.backends import available, registry
 from specmac.core.drafters import MODEL_FREE
 from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption
+from specmac.files import read_capped
 
 BASELINE = "none"  # the "drafter" of a target-only configuration
 BACKEND_KEYS = ("draft_model", "target_model", "options", "draft_options", "target_options")
@@ -172,6 +173,9 @@ def check_table(name: str, table: Any) -> dict:
     return {k: (dict(v) if k.endswith("options") else v) for k, v in table.items()}
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def read_config(path: str) -> dict:
     try:
         import tomllib
@@ -182,8 +186,7 @@ def read_config(path: str) -> dict:
             raise BadOption("a TOML config needs Python >= 3.11 or the tomli package: pip install tomli",
                             param="config_path") from None
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(read_capped(path, MAX_CONFIG_BYTES, "config", "config_path").decode("utf-8"))
     except OSError as e:
         raise BadOption(f"cannot read config {path}: {e.strerror}", param="config_path") from None
     except tomllib.TOMLDecodeError as e:
