@@ -408,3 +408,95 @@ def test_utf8_arguments_under_the_c_locale(tmp_path):
     assert json.loads(r.stdout)["n_prompt_tokens"] > 0
     bad = _proc(["run", "--target", "synthetic", b"ab\xffcd"], tmp_path, env)
     _one_line(bad.returncode, bad.stderr.decode(), "PROMPT is not UTF-8 text (byte 2)")
+
+
+# --- 5. the cache commands survive a broken cache -------------------------------------------------
+
+@pytest.fixture()
+def broken_cache(tmp_path, monkeypatch) -> Path:
+    """A cache with one good entry and every kind of rubbish beside it."""
+    from specmac.backends.conversion import cache
+
+    monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "m.bin"
+    src.write_bytes(b"m" * 100)
+    cache.converted(src, "gguf-f16", lambda s, o: (o / "model.gguf").write_bytes(b"x" * 10), what="a test")
+    root = cache.cache_root()
+    for name, text in (("bad_json", "{x"), ("a_list", "[1]"), ("odd_fields", '{"source": 5, "what": null}')):
+        (root / name).mkdir()
+        (root / name / cache.SIDECAR).write_text(text)
+    (root / "no_sidecar").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep.txt").write_text("not the cache's")
+    (root / "link").symlink_to(tmp_path / "elsewhere")
+    (root / "stray").write_text("x")
+    (root / ".tmp-half.1").mkdir()
+    return root
+
+
+def test_models_lists_a_broken_cache_and_names_what_it_cannot_read(broken_cache):
+    r = invoke(["models"])
+    assert r.exit_code == 0, r.output
+    for name, why in (("bad_json", "is not valid JSON"), ("a_list", "is not a JSON object"),
+                      ("no_sidecar", "has no specmac_source.json"), ("link", "a link to"),
+                      ("stray", "a file, not an entry")):
+        assert f"{name}: " in r.stderr and why in r.stderr, r.stderr
+    assert "unfinished conversion" in r.stdout and "8 entries" in r.stdout
+    listed = json.loads(invoke(["models", "--json"]).stdout)["entries"]
+    assert len(listed) == 8 and sum(e["problem"] is None for e in listed) == 3  # good, odd_fields, .tmp
+
+
+def test_models_clear_all_removes_links_as_links_and_says_what(broken_cache, tmp_path):
+    r = invoke(["models", "clear", "--all", "--json"])
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["removed"]) == 8 and json.loads(r.stdout)["not_removed"] == {}
+    assert list(broken_cache.iterdir()) == []
+    assert (tmp_path / "elsewhere" / "keep.txt").read_text() == "not the cache's"  # the link went, not this
+
+
+def test_models_clear_names_what_it_could_not_remove(broken_cache, monkeypatch):
+    from specmac.backends.conversion import cache
+
+    real = cache.remove
+
+    def stubborn(entry):
+        if entry.name == "stray":
+            raise PermissionError(13, "Permission denied", str(entry))
+        real(entry)
+
+    monkeypatch.setattr(cache, "remove", stubborn)  # as a root-owned file would (the tests may run as root)
+    r = invoke(["models", "clear", "--all"])
+    assert "removed 7 entries" in r.stdout and "stray" not in r.stdout.split(":", 1)[1]
+    _one_line(r.exit_code, r.stderr, "could not remove 1 of 8: stray: Permission denied")
+    assert [p.name for p in broken_cache.iterdir()] == ["stray"]
+
+
+@pytest.mark.parametrize("where", ["a_file", "under_a_file"])
+def test_cache_in_an_impossible_place_is_one_line(tmp_path, monkeypatch, where):
+    pytest.importorskip("llama_cpp")
+    from specmac import assets
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "file" / ("" if where == "a_file" else "sub")))
+    assert "no converted models" in invoke(["models"]).stdout
+    assert "removed 0 entries" in invoke(["models", "clear", "--all"]).stdout
+    r = invoke(["run", "--target", "gguf", "--target-model", assets.gguf_file("target", "f16"),
+                "--target-opt", "quant=q8_0", "hello"])
+    _one_line(r.exit_code, r.stderr, "cannot write the model cache")
+    assert "point SPECMAC_CACHE at a writable folder" in r.stderr
+
+
+@pytest.mark.parametrize("kind, needle", [("junk", "is not a readable gguf file"),
+                                          ("truncated", "is not a readable gguf file")])
+def test_quant_on_a_junk_gguf_is_one_line(tmp_path, monkeypatch, kind, needle):
+    pytest.importorskip("llama_cpp")
+    from specmac import assets
+
+    monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "m.gguf"
+    data = assets.gguf_file("target", "f16").read_bytes()
+    f.write_bytes(b"GGUF" + b"\x07" * 60 if kind == "junk" else data[: len(data) // 3])
+    r = invoke(["run", "--target", "gguf", "--target-model", f, "--target-opt", "quant=q8_0", "hello"])
+    _one_line(r.exit_code, r.stderr, needle)
+    assert not (tmp_path / "cache" / "converted").exists() or \
+        list((tmp_path / "cache" / "converted").iterdir()) == []

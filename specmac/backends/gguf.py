@@ -99,7 +99,12 @@ def file_type(path: Path) -> int | None:
         import gguf
     except ImportError:
         return None
-    field = gguf.GGUFReader(str(path)).get_field("general.file_type")
+    try:
+        field = gguf.GGUFReader(str(path)).get_field("general.file_type")
+    except Exception as e:  # gguf-py fails on junk and truncated files with any error it meets
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ModelNotFound(f"{path} is not a readable GGUF file ({why}): check that the file is a "
+                            "complete GGUF model") from None
     return int(field.contents()) if field is not None else None
 
 
