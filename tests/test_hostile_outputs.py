@@ -500,3 +500,58 @@ def test_quant_on_a_junk_gguf_is_one_line(tmp_path, monkeypatch, kind, needle):
     _one_line(r.exit_code, r.stderr, needle)
     assert not (tmp_path / "cache" / "converted").exists() or \
         list((tmp_path / "cache" / "converted").iterdir()) == []
+
+
+# --- 6. a plugin with another vocabulary ------------------------------------------------------------
+
+OTHER_VOCAB_PLUGIN = '''
+from specmac.backends.synthetic import SyntheticBackend
+from specmac.vocab import Vocab
+
+
+class Backend(SyntheticBackend):
+    """The synthetic backend under another name, whose tokens are other bytes."""
+
+    name = "othervocab"
+
+    def __init__(self, model=None, **opts):
+        super().__init__(model, **opts)
+        v = self.vocab
+        self.vocab = Vocab([b"#" + t for t in v.token_bytes[:-1]] + [b""], eos_ids=v.eos_ids)
+'''
+
+
+@pytest.fixture()
+def other_vocab_plugin(tmp_path, monkeypatch):
+    from specmac.compare import settings
+
+    info = tmp_path / "specmac_othervocab-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: specmac-othervocab\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[specmac.backends]\nothervocab = othervocab_mod:Backend\n")
+    (tmp_path / "othervocab_mod.py").write_text(OTHER_VOCAB_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = settings.available
+    # the default pairs are every installed model backend: here the embedded GGUF pair and the plugin
+    monkeypatch.setattr(settings, "available", lambda n: n == "othervocab" or (n == "gguf" and real(n)))
+
+
+def test_default_compare_pairs_only_what_can_pair(tmp_path, other_vocab_plugin):
+    pytest.importorskip("llama_cpp")
+    r = invoke(["compare", "--k", "1", "--n-prompts", "1", "--repeats", "1", "--max-tokens", "4",
+                "--warmup-tokens", "2", "--out", tmp_path / "D"])
+    assert r.exit_code == 0, r.output
+    for pair in ("othervocab:gguf", "gguf:othervocab"):
+        assert f"skipped {pair}: " in r.stderr, r.stderr
+    record = json.loads((tmp_path / "D" / "results.json").read_text())
+    assert sorted(s["pair"] for s in record["skipped_pairs"]) == ["gguf:othervocab", "othervocab:gguf"]
+    measured = {(row["draft"], row["target"]) for row in record["results"]}
+    assert measured == {("none", "gguf"), ("gguf", "gguf"), ("ngram", "gguf"), ("none", "othervocab"),
+                        ("othervocab", "othervocab"), ("ngram", "othervocab")}
+    assert "Not measured: othervocab:gguf" in (tmp_path / "D" / "summary.md").read_text()
+
+
+def test_a_named_pair_that_cannot_pair_is_still_refused(tmp_path, other_vocab_plugin):
+    pytest.importorskip("llama_cpp")
+    r = invoke(["compare", "--pair", "othervocab:gguf", "--k", "1", "--out", tmp_path / "D"])
+    _one_line(r.exit_code, r.stderr.splitlines()[-1], "tokenizers differ", 2)

@@ -98,7 +98,7 @@ def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt
     if max_tokens < 1 or repeats < 1 or warmup_tokens < 1:
         raise UserError("--max-tokens, --repeats and --warmup-tokens must be integers >= 1")
     settings = cmp.Settings(
-        pairs=cmp.parse_pairs(pairs), ks=cmp.parse_ks(k_text),
+        pairs=cmp.parse_pairs(pairs), ks=cmp.parse_ks(k_text), skip_unpairable=not pairs or "all" in pairs,
         prompts=prompts.read_prompts(prompts_path, n_prompts), params=sampling_params(kw),
         max_tokens=max_tokens, repeats=repeats, seed=kw["seed"], warmup_tokens=warmup_tokens,
         backends=cmp.backend_settings(

@@ -220,6 +220,8 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
            "- Predicted: `specmac.advise.shortrun.advise` for each pairing, run before the measurement "
            f"(acceptance from the first {ADVISE_PROMPTS} prompts)."]
     out += [f"- No prediction for {p}: {e}" for p, e in errors.items()]
+    out += [f"- Not measured: {sk.get('pair')}: {sk.get('reason')}"
+            for sk in record.get("skipped_pairs") or [] if isinstance(sk, dict)]
     out.append("- Backends: " + "; ".join(
         f"{role} {i.get('backend', i.get('drafter'))} ({i.get('model') or i.get('drafter')}, "
         f"{json.dumps(i.get('options', {}), sort_keys=True)})" for role, i in record["backends"].items()))

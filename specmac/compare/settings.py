@@ -64,6 +64,8 @@ class Settings:
     seed: int = 0
     warmup_tokens: int = 8
     backends: dict[str, dict] = field(default_factory=dict)
+    # the pairs are every combination (no --pair): drop those whose vocabularies differ, and say so
+    skip_unpairable: bool = False
 
     def configs(self) -> list[Config]:
         """Grouped by target: its baseline, then each of its pairings at every K (measuring
