@@ -160,7 +160,7 @@ def _damage(entry: dict, how: str) -> dict:
 @pytest.mark.parametrize("how, why", [
     ("nan", "holds nan s"), ("inf", "holds inf s"), ("draft_nan", "holds nan s"),
     ("negative", "not a finite positive time"), ("short", "has 3 widths"), ("strings", "malformed"),
-    ("x1000", "x a fresh one-token pass"), ("x0.001", "is 0.001x a fresh one-token pass"),
+    ("x1000", "x a fresh one-token pass"), ("x0.001", "x a fresh one-token pass"),
 ])
 def test_a_kept_entry_that_lies_is_measured_again(kept, how, why):
     path, entry = kept
