@@ -85,7 +85,7 @@ def resolve_model(model: str | None, role: str, quant: str | None) -> tuple[str,
         path = Path(hub_file(model))
     if path.is_file():
         check_gguf(str(path))
-        if quant and file_type(path) != QUANTS[quant]:
+        if quant and _readable_file_type(path) != QUANTS[quant]:
             f, meta = requantize(path, quant)
             return str(f), meta
         return str(path), None
@@ -99,13 +99,17 @@ def file_type(path: Path) -> int | None:
         import gguf
     except ImportError:
         return None
+    field = gguf.GGUFReader(str(path)).get_field("general.file_type")
+    return int(field.contents()) if field is not None else None
+
+
+def _readable_file_type(path: Path) -> int | None:
     try:
-        field = gguf.GGUFReader(str(path)).get_field("general.file_type")
-    except Exception as e:  # gguf-py fails on junk and truncated files with any error it meets
+        return file_type(path)
+    except Exception as e:  # gguf-py fails on junk and truncated files with whatever error it meets
         why = (str(e).splitlines() or [type(e).__name__])[0]
         raise ModelNotFound(f"{path} is not a readable GGUF file ({why}): check that the file is a "
                             "complete GGUF model") from None
-    return int(field.contents()) if field is not None else None
 
 
 def requantize(path: str | Path, quant: str) -> tuple[Path, dict]:
