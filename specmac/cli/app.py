@@ -348,7 +348,7 @@ def owned_outputs(out: str | None, plot: str | None) -> Iterator[None]:
     check_outputs(out, plot)
     with contextlib.ExitStack() as stack:
         for path, flag in ((out, "out"), (plot, "plot")):
-            if path:
+            if path and not (flag == "plot" and out and os.path.abspath(out) == os.path.abspath(plot)):
                 stack.enter_context(output_lock(path, folder=False, param=f"--{flag}"))
         yield
 
