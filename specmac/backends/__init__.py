@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from specmac.backends.interrupt import import_held
 from specmac.errors import (
     BackendNotInstalled,
     BadOption,
@@ -291,7 +292,7 @@ def backend_class(name: str) -> type:
         raise BackendNotInstalled(install_hint(name, missing[0]))
     module, _, attr = reg[name].partition(":")
     try:
-        mod = importlib.import_module(module)
+        mod = import_held(module)  # Ctrl-C waits for the import (torch's aborts the process)
     except ModuleNotFoundError as e:  # a plugin's own dependency
         raise BackendNotInstalled(install_hint(name, e.name or str(e))) from None
     except Exception as e:  # a plugin that raises at import must not take the CLI down with it

@@ -19,9 +19,10 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option
+from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, gguf_quantize
 from specmac.backends.conversion import cache, convert
 from specmac.backends.conversion.hf_check import check_folder, check_hub
+from specmac.backends.interrupt import held_signals
 from specmac.errors import BadOption, BadTokens, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
 
@@ -84,7 +85,7 @@ def resolve_model(model: str | None, role: str, quant: str | None) -> tuple[str,
         path = Path(hub_file(model))
     if path.is_file():
         check_gguf(str(path))
-        if quant and file_type(path) != QUANTS[quant]:
+        if quant and _readable_file_type(path) != QUANTS[quant]:
             f, meta = requantize(path, quant)
             return str(f), meta
         return str(path), None
@@ -122,17 +123,20 @@ def file_type(path: Path) -> int | None:
     return int(field.contents()) if field is not None else None
 
 
+def _readable_file_type(path: Path) -> int | None:
+    try:
+        return file_type(path)
+    except Exception as e:  # gguf-py fails on junk and truncated files with whatever error it meets
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ModelNotFound(f"{path} is not a readable GGUF file ({why}): check that the file is a "
+                            "complete GGUF model") from None
+
+
 def requantize(path: str | Path, quant: str) -> tuple[Path, dict]:
     """The GGUF as ``quant``, made once with llama_model_quantize (allow_requantize: a quantised
     source is dequantised first, so F16 holds exactly its values) and cached: (file, sidecar)."""
-    def build(src: Path, out: Path) -> None:
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.nthread, params.allow_requantize = QUANTS[quant], default_threads(), True
-        with captured_log() as log:
-            rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out / "model.gguf").encode(),
-                                                ctypes.byref(params))
-        if rc != 0:
-            raise ModelNotFound(f"llama.cpp cannot requantise {src} to {quant} ({first_error(log)})")
+    def build(src: Path, out: Path) -> None:  # in a child, so that Ctrl-C stops it at once
+        gguf_quantize.run_child(src, out / "model.gguf", quant, QUANTS[quant], default_threads())
 
     lib = f"llama-cpp-python {llama_cpp.__version__} llama_model_quantize"
     what = f"{'an' if quant == 'f16' else 'a'} {quant.upper()} GGUF"
@@ -204,8 +208,13 @@ def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False,
     params.n_gpu_layers = ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
     params.vocab_only = vocab_only
     params.use_extra_bufts = extra_bufts
-    with captured_log() as log:
+    with captured_log() as log, held_signals() as pending:
+        # Ctrl-C is held during the C call and stops the load at the next tensor; raised after it
+        params.progress_callback = stop = llama_cpp.llama_progress_callback(lambda _p, _u: not pending)
         model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        del stop
+        if pending and model is not None:  # came after the last tensor: free it, then the signal
+            llama_cpp.llama_model_free(model)
     if model is None:
         raise ModelNotFound(f"llama.cpp cannot load {path} ({first_error(log)}): "
                             "check that the file is a complete GGUF model")
@@ -307,8 +316,12 @@ class GGUFBackend(BaseBackend):
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_batch, n_batch, 1
         p.n_threads = p.n_threads_batch = threads  # same threads, so batched vs serial timings compare
         p.flash_attn_type = FLASH_ATTN[flash]
-        with captured_log() as log:
+        with captured_log() as log, held_signals() as pending:
             ctx = llama_cpp.llama_init_from_model(self._model, p)
+            if pending:  # Ctrl-C came meanwhile: free what was made; the signal follows
+                if ctx is not None:
+                    llama_cpp.llama_free(ctx)
+                llama_cpp.llama_model_free(self._model)
         if ctx is None:
             llama_cpp.llama_model_free(self._model)
             raise SpecmacError(f"llama.cpp cannot create a context for {path} ({first_error(log)}): "

@@ -8,9 +8,9 @@ import click
 
 from specmac.cli.app import (
     UserError,
-    check_outputs,
     load_pair,
     main,
+    owned_outputs,
     parse_kv,
     report_record,
     sampling_options,
@@ -43,7 +43,7 @@ One pairing:
               help="Draft backend option, repeatable (ranking: for every draft variant).")
 @click.option("--backends", "backends_text", metavar="LIST",
               help="Ranking: backends to try, e.g. gguf,torch (default: every installed one).")
-@click.option("--k-max", type=int, default=8, show_default=True, help="Ranking: largest K considered.")
+@click.option("--k-max", type=int, default=None, help="Ranking: largest K considered [default: 8].")
 @sampling_options
 @click.option("--prompt", "prompts", multiple=True,
               help="A text to measure acceptance on; repeat for several (default: four of the "
@@ -52,9 +52,9 @@ One pairing:
               help="Tokens generated per prompt to measure acceptance (ranking: its predictions are for "
               "runs this long, after a prompt like these: the draft's prefill of it counted once, the "
               "last step drafting only what is left to write).")
-@click.option("--context", type=int, default=128, show_default=True,
-              help="One pairing: tokens prefilled before each timing.")
-@click.option("--repeats", type=int, default=3, show_default=True, help="One pairing: timed repeats.")
+@click.option("--context", type=int, default=None,
+              help="One pairing: tokens prefilled before each timing [default: 128].")
+@click.option("--repeats", type=int, default=None, help="One pairing: timed repeats [default: 3].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="One pairing: a PNG of the predicted S(K).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON record (with provenance).")
@@ -62,30 +62,56 @@ def advise(target_models, draft_models, backends_text, k_max, prompts, run_token
            as_json, plot, out, **kw):
     from specmac.cli.app import sampling_params
 
-    if run_tokens < 2 or repeats < 1:
-        raise UserError("--run-tokens must be >= 2 and --repeats >= 1")
-    check_outputs(out, plot)
-    params = sampling_params(kw)
-    if kw["draft"] is None or kw["draft"] == "none":
-        _rank(target_models, draft_models, backends_text, k_max, prompts, run_tokens, params, kw, as_json,
-              out)
-        return
+    ranking = kw["draft"] is None or kw["draft"] == "none"
+    _check_mode(ranking, {"--k-max": k_max}, {"--plot": plot, "--context": context, "--repeats": repeats})
+    k_max, context, repeats = k_max or 8, context or 128, repeats or 3
+    if run_tokens < 2 or repeats < 1 or context < 1 or k_max < 1:
+        raise UserError("--run-tokens must be >= 2, and --repeats, --context and --k-max >= 1")
     for flag, given in (("--target-model", target_models), ("--draft-model", draft_models)):
-        if len(given) > 1:
-            raise UserError(f"{flag} is given {len(given)} times: one pairing takes one model per role "
-                            "(drop --draft to rank several)")
-    _one_pairing(dict(kw, target=kw["target"] or "gguf", target_model=next(iter(target_models), None),
-                      draft_model=next(iter(draft_models), None)),
-                 params, prompts, run_tokens, context, repeats, as_json, plot, out)
+        twice = sorted({m for m in given if given.count(m) > 1})
+        if twice:
+            raise UserError(f"{flag} {twice[0]} is given twice: give each model once")
+    backends = _backend_list(backends_text)
+    params = sampling_params(kw)
+    with owned_outputs(out, plot):
+        if ranking:
+            _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, params, kw, as_json,
+                  out)
+            return
+        for flag, given in (("--target-model", target_models), ("--draft-model", draft_models)):
+            if len(given) > 1:
+                raise UserError(f"{flag} is given {len(given)} times: one pairing takes one model per role "
+                                "(drop --draft to rank several)")
+        _one_pairing(dict(kw, target=kw["target"] or "gguf", target_model=next(iter(target_models), None),
+                          draft_model=next(iter(draft_models), None)),
+                     params, prompts, run_tokens, context, repeats, as_json, plot, out)
 
 
-def _rank(target_models, draft_models, backends_text, k_max, prompts, run_tokens, params, kw, as_json,
+def _check_mode(ranking: bool, rank_only: dict, pairing_only: dict) -> None:
+    """A flag of the other mode would be ignored: refuse it, naming the mode it belongs to."""
+    for flag, value in (pairing_only if ranking else rank_only).items():
+        if value is not None:
+            mode = ("one pairing (with --draft BACKEND)" if ranking else "the ranking (without --draft)")
+            raise UserError(f"{flag} applies only to {mode}: drop it, or "
+                            + ("add --draft BACKEND" if ranking else "drop --draft"))
+
+
+def _backend_list(text: str | None) -> list[str] | None:
+    """--backends "gguf,torch" -> ["gguf", "torch"]; a list that names no backend is refused."""
+    if text is None:
+        return None
+    names = [b.strip() for b in text.split(",")]
+    if not all(names):
+        raise UserError(f"--backends {text!r} has an empty name: write e.g. --backends gguf,torch")
+    return list(dict.fromkeys(names))
+
+
+def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, params, kw, as_json,
           out) -> None:
     from specmac.advise.rank import rank_configurations
     from specmac.compare.results import provenance
     from specmac.core.prompts import advise_prompts
 
-    backends = [b.strip() for b in backends_text.split(",") if b.strip()] if backends_text else None
     if kw["target"]:
         backends = [kw["target"]] if backends is None else backends
     record = rank_configurations(list(draft_models) or [None], list(target_models) or [None],

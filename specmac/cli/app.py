@@ -7,11 +7,13 @@ Ctrl-C exits 130. This module imports click alone at import time so that ``--hel
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -99,10 +101,20 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         _sigterm_like_ctrl_c()
         try:
+            check_streams()
             return super().invoke(ctx)
         except BrokenPipeError:  # the reader went away (`| head`): end quietly, as cat does
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             ctx.exit(0)
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                raise
+            _debug_traceback(e)
+            if e.filename is None:  # stdout: what is still buffered there would fail again at exit
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise UserError(f"no space left on the device while writing {e.filename or 'the output'}: "
+                            "free some space or write elsewhere") from None
         except SpecmacError as e:
             raise _user_error(e) from None
         except UserError as e:  # raised by a command's own checks
@@ -115,6 +127,20 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
             ctx.exit(130)
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def check_streams() -> None:
+    """A closed stdout (``>&-``) or working folder that no longer exists: one line, before anything runs."""
+    if sys.stdout is None:
+        raise UserError("standard output is closed: give the command somewhere to write, e.g. > /dev/null")
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise UserError("the working folder no longer exists (deleted while in use): cd to a folder "
+                        "that exists and run again") from None
 
 
 def _sigterm_like_ctrl_c() -> None:
@@ -299,6 +325,20 @@ def check_outputs(out: str | None, plot: str | None) -> None:
         check_output(out, "out")
     if plot:
         check_output(plot, "plot", image=True)
+
+
+@contextlib.contextmanager
+def owned_outputs(out: str | None, plot: str | None) -> Iterator[None]:
+    """check_outputs, then hold --out and --plot for the whole run: a second run writing the same
+    file is refused with one line naming this one (specmac.files.output_lock)."""
+    from specmac.files import output_lock
+
+    check_outputs(out, plot)
+    with contextlib.ExitStack() as stack:
+        for path, flag in ((out, "out"), (plot, "plot")):
+            if path and not (flag == "plot" and out and os.path.abspath(out) == os.path.abspath(plot)):
+                stack.enter_context(output_lock(path, folder=False, param=f"--{flag}"))
+        yield
 
 
 def report_record(record: dict, out: str | None, draw, as_json: bool, show) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import shlex
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 import click
 
 from specmac.cli.app import UserError, emit_json, main, sampling_options, sampling_params
+from specmac.files import output_lock
 
 COMPARE_HELP = """Measure draft/target pairings side by side: every --pair at every K, plus each
 target's own plain decoding, interleaved in one run, with the cost model's prediction
@@ -90,13 +92,13 @@ def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt
             prompts_path, n_prompts, max_tokens, repeats, warmup_tokens, out_dir, as_json, **kw):
     from specmac.compare import measure as cmp
     from specmac.compare import report
-    from specmac.compare.results import check_output, write_json
+    from specmac.compare.results import check_output
     from specmac.core import prompts
 
     if max_tokens < 1 or repeats < 1 or warmup_tokens < 1:
         raise UserError("--max-tokens, --repeats and --warmup-tokens must be integers >= 1")
     settings = cmp.Settings(
-        pairs=cmp.parse_pairs(pairs), ks=cmp.parse_ks(k_text),
+        pairs=cmp.parse_pairs(pairs), ks=cmp.parse_ks(k_text), skip_unpairable=not pairs or "all" in pairs,
         prompts=prompts.read_prompts(prompts_path, n_prompts), params=sampling_params(kw),
         max_tokens=max_tokens, repeats=repeats, seed=kw["seed"], warmup_tokens=warmup_tokens,
         backends=cmp.backend_settings(
@@ -108,20 +110,44 @@ def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt
     out = Path(out_dir or _default_out())
     check_output(out, "out", folder=True)  # before anything is loaded or measured
     command = shlex.join(["specmac", *sys.argv[1:]])
+    with output_lock(out, folder=True, command=command):  # one run per folder (a second is refused)
+        check_not_complete(out)
+        code = _compare_into(out, cmp, report, settings, command, as_json)
+    if code:
+        sys.exit(code)
+
+
+def check_not_complete(out: Path) -> None:
+    """Refuse to overwrite the complete record of an earlier run (one that stopped early is redone)."""
+    try:
+        old = json.loads((out / "results.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(old, dict) and old.get("complete") is True:
+        prov = old.get("provenance") if isinstance(old.get("provenance"), dict) else {}
+        raise UserError(f"--out {out} already holds the complete record of another run "
+                        f"({prov.get('command') or 'specmac compare'}, {prov.get('utc') or 'time unknown'}): "
+                        "give another --out, or delete its results.json to measure again")
+
+
+def _compare_into(out: Path, cmp, report, settings, command: str, as_json: bool) -> int:
+    """Measure, write results.json (the rounds so far as they complete, then the whole record),
+    summary.md and the plots into ``out``, and print the headline; -> the exit status."""
+    from specmac.compare.results import write_json
+
     n_spec = len(settings.pairs) * len(settings.ks)
     click.echo(f"{len(settings.pairs)} pairings x {len(settings.ks)} K + {len(settings.configs()) - n_spec} "
-               f"baselines, {len(settings.prompts)} prompts x {repeats} repeats", err=True)
+               f"baselines, {len(settings.prompts)} prompts x {settings.repeats} repeats", err=True)
     # results.json holds the rounds measured so far ("complete": false) until the run ends
     record = _run_with_progress(cmp, settings, command, lambda rec: write_json(out / "results.json", rec))
     write_json(out / "results.json", record)
     written = report.render(record, out)
     if as_json:
         emit_json(record)
-        return
+        return 0
     click.echo(report.headline(record).replace("**", ""))
     click.echo(f"wrote {out / 'results.json'}, " + ", ".join(str(p) for p in written), err=True)
-    if record["interrupted"]:
-        sys.exit(130)
+    return 130 if record["interrupted"] else 0
 
 
 def _run_with_progress(cmp, settings, command: str, checkpoint) -> dict:
@@ -197,8 +223,9 @@ def report(directory, out_dir, as_json):
     from specmac.compare.results import check_output
 
     check_output(out_dir or directory, "out", folder=True)
-    record = rep.load_record(directory)
-    written = rep.render(record, out_dir or directory)
+    with output_lock(out_dir or directory, folder=True):  # not while a compare writes there
+        record = rep.load_record(directory)
+        written = rep.render(record, out_dir or directory)
     if as_json:
         emit_json({"headline": rep.headline(record), "files": [str(p) for p in written]})
         return

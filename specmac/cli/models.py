@@ -1,4 +1,6 @@
-"""``specmac models``: what the converted-model cache holds, and clearing it."""
+"""``specmac models``: what the converted-model cache holds, and clearing it. A broken cache (a
+malformed sidecar, a link, a stray file, an entry that cannot be read or removed) is listed as what
+it is, and cleared as far as it can be, saying what was and was not removed."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import click
 from specmac.cli.app import UserError, emit_json, main
 
 
-def _size(n: float) -> str:
+def _size(n: float | None) -> str:
+    if n is None:
+        return "?"
     for unit in ("B", "kB", "MB"):
         if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -15,15 +19,30 @@ def _size(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def _text(value) -> str | None:
+    return None if value is None else str(value)
+
+
 def _rows() -> list[dict]:
+    """One row per thing in the cache folder; ``problem`` says why one is not a usable entry."""
     from specmac.backends.conversion import cache
 
-    rows = [{"name": entry.name, "path": str(entry), "bytes": cache.entry_bytes(entry),
-             "what": meta.get("what"), "source": meta.get("source"),
-             "source_sha256": meta.get("source_sha256"), "created_utc": meta.get("created_utc")}
-            for entry, meta in cache.entries()]
-    rows += [{"name": p.name, "path": str(p), "bytes": cache.entry_bytes(p), "what": "unfinished conversion",
-              "source": None, "source_sha256": None, "created_utc": None} for p in cache.leftovers()]
+    rows = []
+    try:
+        found = list(cache.scan())
+    except OSError as e:
+        raise UserError(f"cannot read the model cache {cache.cache_root()} ({e.strerror}): point "
+                        "SPECMAC_CACHE at a readable folder") from None
+    for entry, meta in found:
+        row = {"name": entry.name, "path": str(entry), "bytes": cache.entry_bytes(entry), "what": None,
+               "source": None, "source_sha256": None, "created_utc": None, "problem": None}
+        if meta is cache.LEFTOVER:
+            row["what"] = "unfinished conversion"
+        elif isinstance(meta, dict):
+            row.update({k: _text(meta.get(k)) for k in ("what", "source", "source_sha256", "created_utc")})
+        else:
+            row["what"], row["problem"] = f"not usable: {meta}", meta
+        rows.append(row)
     return rows
 
 
@@ -46,10 +65,14 @@ def models(ctx, as_json):
         click.echo(f"no converted models in {cache.cache_root()}")
         return
     for r in rows:
-        source = f"from {r['source']} (sha256 {r['source_sha256'][:12]})" if r["source"] else ""
-        click.echo(f"{_size(r['bytes']):>9}  {r['name']}\n           {r['what']} {source}".rstrip())
-    total = sum(r["bytes"] for r in rows)
+        source = f"from {r['source']} (sha256 {(r['source_sha256'] or '?')[:12]})" if r["source"] else ""
+        click.echo(f"{_size(r['bytes']):>9}  {r['name']}\n           {r['what'] or '?'} {source}".rstrip())
+    total = sum(r["bytes"] or 0 for r in rows)
     click.echo(f"{_size(total)} in {len(rows)} entries under {cache.cache_root()}")
+    bad = [r for r in rows if r["problem"]]
+    if bad:
+        click.echo(f"{len(bad)} not usable (`specmac models clear NAME` removes one): "
+                   + "; ".join(f"{r['name']}: {r['problem']}" for r in bad), err=True)
 
 
 @models.command()
@@ -58,7 +81,7 @@ def models(ctx, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
 def clear(names, clear_all, as_json):
     """Remove entries by NAME (as `specmac models` lists them), or all of them with --all; they
-    are made again when next needed."""
+    are made again when next needed. A link is removed as a link (what it points to stays)."""
     from specmac.backends.conversion import cache
 
     if not names and not clear_all:
@@ -67,11 +90,19 @@ def clear(names, clear_all, as_json):
     unknown = [n for n in names if n not in rows]
     if unknown:
         raise UserError(f"no cache entry named {', '.join(unknown)}: `specmac models` lists them")
-    chosen = list(rows) if clear_all else list(dict.fromkeys(names))
-    for name in chosen:
-        cache.remove(cache.cache_root() / name)
-    freed = sum(rows[n]["bytes"] for n in chosen)
+    removed, failed = [], {}
+    for name in (list(rows) if clear_all else list(dict.fromkeys(names))):
+        try:
+            cache.remove(cache.cache_root() / name)
+            removed.append(name)
+        except OSError as e:
+            failed[name] = f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+    freed = sum(rows[n]["bytes"] or 0 for n in removed)
     if as_json:
-        emit_json({"removed": chosen, "bytes": freed})
+        emit_json({"removed": removed, "bytes": freed, "not_removed": failed})
     else:
-        click.echo(f"removed {len(chosen)} entries ({_size(freed)}) from {cache.cache_root()}")
+        click.echo(f"removed {len(removed)} entries ({_size(freed)}) from {cache.cache_root()}"
+                   + (f": {', '.join(removed)}" if removed else ""))
+    if failed:
+        raise UserError(f"could not remove {len(failed)} of {len(removed) + len(failed)}: "
+                        + "; ".join(f"{n}: {why}" for n, why in failed.items()))

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from specmac.cli.app import UserError, check_outputs, main, parse_kv, report_record
+from specmac.cli.app import UserError, main, owned_outputs, parse_kv, report_record
 
 
 @main.command("probe-parallelism")
@@ -33,13 +33,14 @@ def probe_parallelism_cmd(backend_name, model, opt, role, n_max, context, repeat
 
     if repeats < 1:
         raise UserError(f"--repeats {repeats} is out of range: use an integer >= 1")
-    check_outputs(out, plot)
-    backend = load_backend(backend_name, model, parse_kv(opt, "--opt"), role=role)
-    if serial:
-        backend = SerialBackend(backend)
-    record = probe_parallelism(backend, n_max=n_max, context=context, repeats=repeats)
-    record["provenance"] = provenance(" ".join(sys.argv), model_files(backend, model, role))
-    report_record(record, out, plot and (lambda: plot_parallelism([record], plot)), as_json, _print_probe)
+    with owned_outputs(out, plot):
+        backend = load_backend(backend_name, model, parse_kv(opt, "--opt"), role=role)
+        if serial:
+            backend = SerialBackend(backend)
+        record = probe_parallelism(backend, n_max=n_max, context=context, repeats=repeats)
+        record["provenance"] = provenance(" ".join(sys.argv), model_files(backend, model, role))
+        report_record(record, out, plot and (lambda: plot_parallelism([record], plot)), as_json,
+                      _print_probe)
 
 
 def _print_probe(r: dict) -> None:

@@ -48,8 +48,8 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
                             "last token of --max-tokens)" if counts[0][0] == 0 else ""))
         policy = r.get("k_policy", {})
         if policy.get("calibrated"):
-            how = ("kept from an earlier run" if policy.get("calibration_cached") else
-                   "measured before the first token, kept for later runs")
+            how = policy.get("calibration_note") or ("kept from an earlier run" if policy.get(
+                "calibration_cached") else "measured before the first token")
             lines.append(f"pass costs for K: {how} ({policy['calibration_s']:.2f} s, not counted)")
     ts, total = r["time_split"], r["seconds"]
     lines.append(f"time: draft {_pct(ts['draft'], total)}  verify {_pct(ts['verify'], total)}  "

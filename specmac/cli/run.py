@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -29,6 +30,9 @@ from specmac.core.policy import K_DEFAULT
                    "0 drafts when no K is predicted to pay, trying to draft within 3% of the run's time). "
                    "'auto' is not reproducible: K depends on "
                    "wall-clock timings, so the same --seed can give other text.")
+@click.option("--remeasure", is_flag=True,
+              help="With --k auto: measure the pass costs again instead of using the kept ones "
+                   "(as SPECMAC_REMEASURE=1 does).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, metavar="N",
               help="Stop after N generated tokens (or at EOS, or at the context window).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False),
@@ -38,7 +42,7 @@ from specmac.core.policy import K_DEFAULT
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--color/--no-color", "color", default=None,
               help="Colour the tokens by origin (default: on a terminal, unless NO_COLOR is set).")
-def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color, **kw):
+def run(prompt, k_text, remeasure, max_tokens, prompt_file, chat, baseline, as_json, color, **kw):
     """Generate from PROMPT (or --prompt-file, or stdin) with speculative decoding.
 
     On a terminal the text streams in colour: green tokens are accepted drafts, red ones the
@@ -52,6 +56,13 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
     params = sampling_params(kw)
     if baseline and kw["draft"] == "none":
         raise UserError("--baseline compares speculative with plain decoding: add --draft BACKEND")
+    if k == "auto" and kw["draft"] == "none":
+        raise UserError("--k auto chooses how many drafts to verify, and --draft none makes none: add "
+                        "--draft BACKEND (or --draft ngram), or drop --k")
+    if remeasure and k != "auto":
+        raise UserError("--remeasure re-measures the pass costs that --k auto uses: add --k auto or drop it")
+    if remeasure:
+        os.environ["SPECMAC_REMEASURE"] = "1"  # read where the kept costs are (specmac.core.calibration)
     pair = load_pair(kw)
     # "auto" times the pair's passes here, before the first token
     policy = pair.timed_auto_policy(max_tokens) if k == "auto" else pair.policy(k)
@@ -101,10 +112,51 @@ def verify(k_text, tokens, length, as_json, **kw):
         raise UserError(f"--tokens {tokens} is too few for one sequence of {length} tokens per context "
                         f"({len(DEFAULT_CONTEXTS)} contexts): use --tokens {length * len(DEFAULT_CONTEXTS)} "
                         "or more")
+    if tokens > MAX_VERIFY_TOKENS:
+        raise UserError(f"--tokens {tokens} is out of range: use at most {MAX_VERIFY_TOKENS} per method (the "
+                        f"default {DEFAULT_TOKENS} catches every planted bug on the synthetic pair)")
     params = sampling_params(kw)
     pair = load_pair(kw)
+    long = _verify_estimate(pair, tokens, length, len(DEFAULT_CONTEXTS))
     runner.verify(pair, params=params, k=k, tokens=tokens, length=length, seed=kw["seed"],
-                      as_json=as_json)
+                  as_json=as_json, progress_lines=long)
+
+
+MAX_VERIFY_TOKENS = 10_000_000
+MAX_VERIFY_HOURS = 24
+
+
+def _verify_estimate(pair, tokens: int, length: int, n_contexts: int) -> bool:
+    """Refuse a --length past the context window, and a run estimated (from one target pass timed
+    now) to take more than MAX_VERIFY_HOURS; say the estimate of a run over a minute. -> whether
+    it is that long (then progress is printed off a terminal too)."""
+    from specmac.core.calibration import fresh_t1
+    from specmac.lossless.harness import DEFAULT_CONTEXTS
+
+    room = pair.target.n_ctx - max(len(pair.encode(c)) for c in DEFAULT_CONTEXTS)
+    if length > room:
+        raise UserError(f"--length {length} does not fit the target's context window ({pair.target.n_ctx} "
+                        f"tokens, the longest context included): use --length {max(room, 2)} or less")
+    per_seq = length * n_contexts
+    total = 2 * -(-tokens // per_seq) * per_seq  # both methods, rounded up to whole sequences
+    t1 = fresh_t1(pair.target)
+    seconds = total * t1
+    if seconds > MAX_VERIFY_HOURS * 3600:
+        fit = int(MAX_VERIFY_HOURS * 3600 / (2 * t1))
+        raise UserError(f"--tokens {tokens} would take about {_duration(seconds)} here ({total} tokens at "
+                        f"~{t1 * 1e3:.2g} ms per target pass; at most {MAX_VERIFY_HOURS} h): use --tokens "
+                        f"{fit} or fewer")
+    if seconds > 60:
+        click.echo(f"verify: about {_duration(seconds)} ({total} tokens at ~{t1 * 1e3:.2g} ms per target "
+                   "pass)", err=True)
+    return seconds > 60
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 # --- backends -----------------------------------------------------------------------------

@@ -155,12 +155,13 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_toke
 
 
 def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: int, seed: int,
-           as_json: bool) -> None:
+           as_json: bool, progress_lines: bool = False) -> None:
+    """``progress_lines``: off a terminal, a line at every tenth of the tokens (a long run)."""
     from specmac.lossless.harness import two_sample_check
 
     kw = dict(params=params, n_tokens=tokens, k=k, length=length, seed=seed)
     if as_json or not sys.stderr.isatty():
-        res = two_sample_check(pair, **kw)
+        res = two_sample_check(pair, **kw, progress=_tenths(2 * tokens) if progress_lines else None)
     else:
         from rich.console import Console
         from rich.progress import Progress
@@ -177,3 +178,16 @@ def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: i
         click.echo(line)
     click.echo("")
     click.echo(res["verdict"])
+
+
+def _tenths(total: int):
+    """A progress callback (tokens done so far, in steps) that prints a line at each 10%."""
+    done, shown = [0], [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        if 10 * done[0] >= (shown[0] + 1) * total:
+            shown[0] = min(10, 10 * done[0] // total)
+            click.echo(f"verify: {10 * shown[0]}% ({done[0]} of ~{total} tokens)", err=True)
+
+    return tick

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from specmac.errors import SpecmacError
@@ -28,12 +29,13 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 
 
 def _check_argv(prompt: str) -> str:
-    """argv arrives with undecodable bytes as lone surrogates (surrogateescape): refuse them."""
+    """argv arrives decoded with the locale's encoding, undecodable bytes as lone surrogates
+    (surrogateescape): back to the bytes typed, then strict UTF-8, so UTF-8 text is accepted under
+    LC_ALL=C too (where the locale says ASCII) and invalid bytes are refused by offset."""
     try:
-        data = prompt.encode("utf-8")
-    except UnicodeEncodeError as e:
-        offset = len(prompt[: e.start].encode("utf-8", "surrogateescape"))
-        raise SpecmacError(f"PROMPT is not UTF-8 text (byte {offset}): pass UTF-8 text") from None
+        data = os.fsencode(prompt)
+    except UnicodeEncodeError:  # text that did not come from argv (tests, the API)
+        data = prompt.encode("utf-8", "surrogateescape")
     return _decode(data, "PROMPT")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +42,10 @@ from specmac.compare.settings import (  # noqa: F401  (compare's settings, re-ex
     parse_pairs,
     read_config,
 )
-from specmac.core.drafters import MODEL_FREE, Drafter, PlainDecoding, load_drafter
+from specmac.core.drafters import MODEL_FREE, Drafter, ModelDrafter, PlainDecoding, load_drafter
 from specmac.core.prompts import N_ADVISE as ADVISE_PROMPTS
 from specmac.core.runstats import RunStats
-from specmac.errors import BadOption, SpecmacError
+from specmac.errors import BadOption, SpecmacError, VocabMismatch
 from specmac.vocab import check_compatible
 
 
@@ -53,6 +53,7 @@ from specmac.vocab import check_compatible
 class Loaded:
     targets: dict[str, BaseBackend]
     drafters: dict[str, Drafter]
+    skipped: list[dict] = field(default_factory=list)  # pairings dropped: {"pair", "reason"}
 
     def pair(self, c: Config) -> Pair:
         return Pair(self.targets[c.target], PlainDecoding() if c.plain else self.drafters[c.draft])
@@ -65,7 +66,9 @@ class Loaded:
 
 
 def load_models(settings: Settings) -> Loaded:
-    """Load each target backend and each draft backend once; check every pairing's vocabularies."""
+    """Load each target backend and each draft backend once; check every pairing's vocabularies.
+    With ``settings.skip_unpairable`` (every combination, none named), a pairing whose vocabularies
+    differ is dropped from ``settings.pairs`` and listed in ``Loaded.skipped``; else it is an error."""
     be = settings.backends
     unused = set(be) - {p.target for p in settings.pairs} - {p.draft for p in settings.pairs}
     if unused:
@@ -74,17 +77,35 @@ def load_models(settings: Settings) -> Loaded:
     targets = {t: load_backend(t, *model_and_options(be, t, "target"), role="target")
                for t in dict.fromkeys(p.target for p in settings.pairs)}
     drafters: dict[str, Drafter] = {}
-    for p in settings.pairs:
-        if p.draft not in drafters:  # loaded once, its vocabulary checked against its first target
-            if p.draft in MODEL_FREE and p.draft in be:
-                raise BadOption(f"the {p.draft} drafter takes no model or options: drop them", param="pairs")
-            model, options = model_and_options(be, p.draft, "draft")
-            drafters[p.draft] = load_drafter(p.draft, model, options or None,
-                                             target_vocab=targets[p.target].vocab)
-        backend = drafters[p.draft].backend
-        if backend is not None:
-            check_compatible(backend.vocab, targets[p.target].vocab)
-    return Loaded(targets, drafters)
+    skipped: list[dict] = []
+    for p in list(settings.pairs):
+        try:
+            if p.draft not in drafters:  # loaded once, its vocabulary checked against its first target
+                drafters[p.draft] = _load_drafter(settings, p, targets)
+            backend = drafters[p.draft].backend
+            if backend is not None:
+                check_compatible(backend.vocab, targets[p.target].vocab)
+        except VocabMismatch as e:
+            if not settings.skip_unpairable:
+                raise
+            skipped.append({"pair": p.id, "reason": str(e)})
+            settings.pairs.remove(p)
+    if not settings.pairs:
+        raise BadOption("no two backends here can pair (their vocabularies differ): "
+                        + "; ".join(f"{s['pair']}: {s['reason']}" for s in skipped), param="pairs")
+    used = {p.draft for p in settings.pairs}
+    return Loaded({t: b for t, b in targets.items() if t in {p.target for p in settings.pairs}},
+                  {d: x for d, x in drafters.items() if d in used}, skipped)
+
+
+def _load_drafter(settings: Settings, p: PairSpec, targets: dict[str, BaseBackend]) -> Drafter:
+    be = settings.backends
+    if p.draft in MODEL_FREE and p.draft in be:
+        raise BadOption(f"the {p.draft} drafter takes no model or options: drop them", param="pairs")
+    model, options = model_and_options(be, p.draft, "draft")
+    if settings.skip_unpairable and p.draft not in MODEL_FREE:  # checked per pairing by the caller
+        return ModelDrafter(load_backend(p.draft, model, options or None, role="draft"))
+    return load_drafter(p.draft, model, options or None, target_vocab=targets[p.target].vocab)
 
 
 # --- measuring ----------------------------------------------------------------------------------
@@ -251,6 +272,8 @@ def run_compare(settings: Settings, *, command: str | None = None,
     say = status or (lambda _desc: None)
     say("loading models")
     loaded = load_models(settings)
+    for sk in loaded.skipped:
+        say(f"skipped {sk['pair']}: {sk['reason']}")
     backends = loaded.backends()
     # hash the model files now: they are what was loaded, even if a file changes during the run
     prov = provenance(command, models=list(dict.fromkeys(model_path(i) for i in backends.values()
@@ -266,6 +289,7 @@ def run_compare(settings: Settings, *, command: str | None = None,
         attach_predictions(results, predictions)
         return {"format": FORMAT, "provenance": prov, "settings": settings.to_dict(), "backends": backends,
                 "interrupted": interrupted, "complete": complete, "predictions": predictions,
+                "skipped_pairs": loaded.skipped,
                 "results": results, "runs": runs}
 
     save = None if checkpoint is None else (lambda runs: checkpoint(record(runs, False, False)))

@@ -7,17 +7,44 @@ redraws later from results.json, without re-running anything.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from specmac.compare.measure import ADVISE_PROMPTS, AUTO, FORMAT, PLAIN
 from specmac.errors import BadOption
+from specmac.files import read_capped
+
+MAX_RECORD_BYTES = 64 << 20  # a record of thousands of runs is a few MB
+
+
+def check_rows(record: dict, path: Path) -> None:
+    """What the headline and tables rank by: named pairings and finite measured numbers (a record
+    edited to a null draft or a NaN speedup rendered a wrong headline)."""
+    for i, row in enumerate(record["results"]):
+        if not isinstance(row, dict):
+            raise BadOption(f"{path}: results[{i}] is not an object: re-run specmac compare")
+        for key in ("draft", "target", "config"):
+            if not isinstance(row.get(key), str) or not row[key]:
+                raise BadOption(f"{path}: results[{i}].{key} is {row.get(key)!r}, not a name: re-run "
+                                "specmac compare")
+        for key in ("speedup", "tokens_per_second"):
+            stat = row.get(key)
+            if stat is None:
+                continue
+            values = stat.values() if isinstance(stat, dict) else [stat]
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                       for v in values):
+                raise BadOption(f"{path}: results[{i}].{key} holds {stat!r}, not finite numbers: re-run "
+                                "specmac compare")
 
 
 def load_record(directory: str | Path) -> dict:
     """results.json of a compare run, checked enough to render."""
     path = Path(directory) / "results.json"
     try:
-        record = json.loads(path.read_text("utf-8"))
+        record = json.loads(read_capped(path, MAX_RECORD_BYTES, "record", "directory").decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BadOption(f"{path} is not UTF-8 text (byte {e.start}): re-run specmac compare") from None
     except OSError:
         raise BadOption(f"directory {directory} has no results.json: give the output folder of a compare "
                         "run", param="directory") from None
@@ -29,6 +56,7 @@ def load_record(directory: str | Path) -> dict:
         if not isinstance(record.get(key), kind):
             raise BadOption(f"{path}: field {key!r} is missing or not a {kind.__name__}: re-run specmac "
                             "compare")
+    check_rows(record, path)
     from specmac.compare.results import _pyplot
 
     for fig in build(record, path)[1].values():  # every field the outputs read, read once up front
@@ -192,6 +220,8 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
            "- Predicted: `specmac.advise.pairing.advise_pair` for each pairing, run before the measurement "
            f"(acceptance from the first {ADVISE_PROMPTS} prompts)."]
     out += [f"- No prediction for {p}: {e}" for p, e in errors.items()]
+    out += [f"- Not measured: {sk.get('pair')}: {sk.get('reason')}"
+            for sk in record.get("skipped_pairs") or [] if isinstance(sk, dict)]
     out.append("- Backends: " + "; ".join(
         f"{role} {i.get('backend', i.get('drafter'))} ({i.get('model') or i.get('drafter')}, "
         f"{json.dumps(i.get('options', {}), sort_keys=True)})" for role, i in record["backends"].items()))

@@ -12,6 +12,7 @@ from specmac.core.drafters import MODEL_FREE
 from specmac.core.policy import K_LIMIT
 from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption
+from specmac.files import read_capped
 
 PLAIN = "none"  # the "drafter" of a plain-decoding configuration
 AUTO = "auto"  # K chosen every step by the cost model, measured like any K
@@ -70,6 +71,8 @@ class Settings:
     seed: int = 0
     warmup_tokens: int = 8
     backends: dict[str, dict] = field(default_factory=dict)
+    # the pairs are every combination (no --pair): drop those whose vocabularies differ, and say so
+    skip_unpairable: bool = False
 
     def configs(self) -> list[Config]:
         """Grouped by target: its baseline, then each of its pairings at every K (measuring
@@ -188,6 +191,9 @@ def check_table(name: str, table: Any) -> dict:
     return {k: (dict(v) if k.endswith("options") else v) for k, v in table.items()}
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def read_config(path: str) -> dict:
     try:
         import tomllib
@@ -198,8 +204,7 @@ def read_config(path: str) -> dict:
             raise BadOption("a TOML config needs Python >= 3.11 or the tomli package: pip install tomli",
                             param="config_path") from None
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(read_capped(path, MAX_CONFIG_BYTES, "config", "config_path").decode("utf-8"))
     except OSError as e:
         raise BadOption(f"cannot read config {path}: {e.strerror}", param="config_path") from None
     except tomllib.TOMLDecodeError as e:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -71,33 +73,146 @@ def _identity(backend: BaseBackend | None) -> dict | None:
     return info
 
 
-def cached_pass_costs(target: BaseBackend, draft: BaseBackend | None,
-                      k_max: int) -> tuple[list[float], float, bool]:
-    """``pass_costs`` for this machine, target and draft, measured once and kept (``costs_dir``):
-    (T_t(n), T_d(1), whether they came from the cache). The probe costs seconds on a real model
-    (results/anatomy_auto, bench/calibration_cost.py), which every ``k="auto"`` run would otherwise
-    pay before its first token. Each run's steps refine its own copy, as they refine a fresh probe's; the kept
-    file is not rewritten. A missing, unreadable or malformed entry is measured again; one that
-    cannot be written is only not kept. Delete the folder to re-measure (say after a change of
-    hardware or of load)."""
+PLAUSIBLE = 3.0  # a kept T(1) within this factor of a fresh one-token pass (either way) is believed
+DISAGREE = 3.0  # the run's own passes at one width this far from the kept cost (either way): dropped
+MIN_SEEN = 4  # passes at a width before the run's median is set against the kept cost
+FLOOR_S = 2e-4  # differences below this are timer noise on a tiny model, never a reason to re-measure
+
+
+@dataclass
+class Costs:
+    """Pass costs for ``k="auto"`` and what became of the kept entry (``note``, for the run's stats)."""
+
+    t_target: list[float]
+    t_draft: float
+    cached: bool
+    note: str
+    path: Path | None = None  # the kept entry these costs are (or would have been) kept in
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
+
+
+def remeasure_asked() -> bool:
+    """SPECMAC_REMEASURE=1 (``specmac run --remeasure`` sets it): measure even where costs are kept."""
+    return os.environ.get("SPECMAC_REMEASURE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def fresh_t1(target: BaseBackend, context: int = 8) -> float:
+    """One one-token pass after a short prefill (which also pages the weights in), seconds: what a
+    kept T(1) is checked against. Costs the prefill and one pass."""
+    ids = probe_tokens(target, context + 1)
+    try:
+        target.reset()
+        target.prefill(ids[:context])
+        return timed(target, lambda: target.score(ids[context:context + 1]))
+    finally:
+        target.reset()
+
+
+def _read_kept(path: Path, k_max: int) -> tuple[list[float], float] | str:
+    """The kept entry's (T_t(n), T_d(1)), or why it cannot be used."""
+    try:
+        kept = json.loads(path.read_text("utf-8"))
+        t_target, t_draft = [float(x) for x in kept["t_target"]], float(kept["t_draft"])
+    except (FileNotFoundError, NotADirectoryError):  # none kept (where the cache cannot be, either)
+        return ""
+    except OSError as e:
+        return f"the kept entry cannot be read ({e.strerror})"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "the kept entry is malformed"
+    if len(t_target) != k_max + 1:
+        return f"the kept entry has {len(t_target)} widths, not {k_max + 1}"
+    bad = next((x for x in [*t_target, t_draft] if not math.isfinite(x)), None)
+    if bad is not None or min(t_target) <= 0 or t_draft < 0:
+        return f"the kept entry holds {bad if bad is not None else min(min(t_target), t_draft)} s, not a " \
+               "finite positive time"
+    return t_target, t_draft
+
+
+def kept_pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
+                    remeasure: bool | None = None) -> Costs:
+    """``pass_costs`` for this machine, target and draft, measured once and kept (``costs_dir``).
+    The probe costs seconds on a 1.5B model (bench/calibration_cost.py), which every ``k="auto"``
+    run would otherwise pay before its first token. A kept entry is evidence, not truth: it is used
+    only if it holds finite positive times and its T(1) is within ``PLAUSIBLE`` of a fresh one-token
+    pass taken now (one pass; a machine busy then or now, or an entry edited by hand, fails this);
+    otherwise, or when ``remeasure`` (default ``remeasure_asked()``), the costs are measured again
+    and rewritten whole. One that cannot be written is only not kept. ``Costs.note`` says which."""
     ident = {"target": _identity(target), "draft": _identity(draft), "k_max": k_max,
              "host": platform.node(), "cpus": os.cpu_count()}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
     path = costs_dir() / f"{key}.json"
-    try:
-        kept = json.loads(path.read_text())
-        t_target, t_draft = [float(x) for x in kept["t_target"]], float(kept["t_draft"])
-        if len(t_target) == k_max + 1 and min(t_target) > 0 and t_draft >= 0:
-            return t_target, t_draft, True
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    why = "as asked (--remeasure or SPECMAC_REMEASURE=1)" if (
+        remeasure_asked() if remeasure is None else remeasure) else ""
+    if not why:
+        kept = _read_kept(path, k_max)
+        if isinstance(kept, str):
+            why = f"because {kept}" if kept else ""
+        else:
+            now = fresh_t1(target)
+            ratio = kept[0][0] / now
+            if (ratio > PLAUSIBLE or ratio < 1 / PLAUSIBLE) and abs(kept[0][0] - now) > FLOOR_S:
+                why = (f"because the kept T(1) {_ms(kept[0][0])} is {_x(ratio)} a fresh one-token pass "
+                       f"({_ms(now)}; believed within {PLAUSIBLE:g}x)")
+            else:
+                return Costs(kept[0], kept[1], True, f"kept from an earlier run (T(1) {_ms(kept[0][0])}, "
+                             f"a fresh pass {_ms(now)})", path)
     t_target, t_draft = pass_costs(target, draft, k_max)
+    done = f"re-measured {why}" if why else "measured before the first token"
     try:
         write_json(path, {"t_target": t_target, "t_draft": t_draft, "measured": time.time(),
                           "identity": ident})
-    except OSError:
-        pass
-    return t_target, t_draft, False
+    except OSError as e:
+        return Costs(t_target, t_draft, False, f"{done}; could not keep: {e.strerror or e} "
+                     f"({e.filename or path})", None)
+    return Costs(t_target, t_draft, False, f"{done}, kept for later runs", path)
+
+
+def cached_pass_costs(target: BaseBackend, draft: BaseBackend | None,
+                      k_max: int) -> tuple[list[float], float, bool]:
+    """``kept_pass_costs`` as (T_t(n), T_d(1), whether they came from the cache)."""
+    c = kept_pass_costs(target, draft, k_max)
+    return c.t_target, c.t_draft, c.cached
+
+
+class CheckedK(AdaptiveK):
+    """AdaptiveK whose kept costs face the run's own passes: once ``MIN_SEEN`` target passes have a
+    median ratio to the kept cost of their width beyond ``DISAGREE`` (either way), the kept entry is
+    dropped (the next run measures again) and the note says so. The run itself goes on from its
+    own timings, which the policy weighs in as it always does."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.kept: Costs | None = None
+        self.calibration_note = ""  # what became of the kept costs, for the run's stats
+        self._ratios: list[float] = []  # the run's target passes (score alone) / the kept cost
+
+    def update(self, event) -> None:
+        super().update(event)
+        kept, n = self.kept, event.n_drafted + 1
+        if kept is None or kept.path is None or event.t_target <= 0 or self.costs.steps <= 1 \
+                or n > len(kept.t_target) or abs(event.t_target - kept.t_target[n - 1]) <= FLOOR_S:
+            return
+        self._ratios.append(event.t_target / kept.t_target[n - 1])
+        ratio = float(np.median(self._ratios))
+        if len(self._ratios) >= MIN_SEEN and (ratio > DISAGREE or ratio < 1 / DISAGREE):
+            try:
+                kept.path.unlink(missing_ok=True)
+                after = "the kept entry is dropped: the next run measures again"
+            except OSError as e:
+                after = f"could not drop the kept entry ({e.strerror})"
+            self.calibration_note += (f"; this run's target passes took {_x(ratio)} the kept costs (median "
+                                      f"of {len(self._ratios)}): {after}")
+            self.kept = None
+
+    def info(self) -> dict:
+        return super().info() | {"calibration_note": self.calibration_note}
 
 
 def adaptive_policy(target: BaseBackend, draft: BaseBackend | None, *, calibrate: bool = True,
@@ -105,14 +220,17 @@ def adaptive_policy(target: BaseBackend, draft: BaseBackend | None, *, calibrate
     """An AdaptiveK for this target and draft, started from measured costs (``calibrate``; kept
     between runs with ``cache``, see ``cached_pass_costs``). A pair whose context window is too
     small to probe starts uncalibrated and explores instead."""
-    policy = AdaptiveK(**kw)
+    policy = CheckedK(**kw)
     if calibrate:
         t0 = time.perf_counter()
         try:
             if cache:
-                t_target, t_draft, policy.calibration_cached = cached_pass_costs(target, draft, policy.k_max)
+                policy.kept = kept_pass_costs(target, draft, policy.k_max)
+                t_target, t_draft = policy.kept.t_target, policy.kept.t_draft
+                policy.calibration_cached, policy.calibration_note = policy.kept.cached, policy.kept.note
             else:
                 t_target, t_draft = pass_costs(target, draft, policy.k_max)
+                policy.calibration_note = "measured before the first token, not kept"
         except SpecmacError:  # e.g. a context window too small to probe
             return policy
         policy.set_costs(t_target, t_draft)

@@ -4,7 +4,7 @@ Each entry is a folder under ``cache_root()`` (``$SPECMAC_CACHE/converted``, def
 ``~/.cache/specmac/converted``) holding the converted model and ``specmac_source.json``: where it
 came from, the source's SHA-256 and how it was made. An entry is built in a hidden temporary folder
 and renamed into place, so a failed or interrupted conversion leaves nothing that looks complete.
-Imports the standard library alone (the converters import their frameworks themselves).
+Imports the standard library alone, and specmac.errors (the converters import their frameworks themselves).
 """
 
 from __future__ import annotations
@@ -20,9 +20,15 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from specmac.errors import SpecmacError
 from specmac.files import cache_home
 
 SIDECAR = "specmac_source.json"
+
+
+class CacheUnwritable(SpecmacError):
+    """The converted-model cache folder cannot be made or written."""
+
 TMP_PREFIX = ".tmp-"
 
 
@@ -56,10 +62,21 @@ def _slug(text: str) -> str:
 
 
 def read_sidecar(entry: Path) -> dict | None:
+    meta = sidecar_problem(entry)
+    return meta if isinstance(meta, dict) else None
+
+
+def sidecar_problem(entry: Path) -> dict | str:
+    """The entry's sidecar, or why it cannot be read (one phrase)."""
     try:
-        return json.loads((entry / SIDECAR).read_text())
-    except (OSError, ValueError):
-        return None
+        meta = json.loads((entry / SIDECAR).read_text("utf-8"))
+    except FileNotFoundError:
+        return f"has no {SIDECAR}"
+    except OSError as e:
+        return f"{SIDECAR} cannot be read ({e.strerror})"
+    except ValueError:
+        return f"{SIDECAR} is not valid JSON"
+    return meta if isinstance(meta, dict) else f"{SIDECAR} is not a JSON object"
 
 
 def derived_from(path: Path) -> str | None:
@@ -72,19 +89,42 @@ def derived_from(path: Path) -> str | None:
 
 
 def entries() -> Iterator[tuple[Path, dict]]:
-    """Every complete entry with its sidecar, sorted by name (temporary folders excluded)."""
+    """Every complete entry with its sidecar, sorted by name (temporary folders, links, broken
+    entries excluded: ``scan`` lists those)."""
+    for entry, meta in scan():
+        if isinstance(meta, dict) and meta is not LEFTOVER:
+            yield entry, meta
+
+
+LEFTOVER: dict = {"kind": "unfinished conversion"}
+
+
+def scan() -> Iterator[tuple[Path, dict | str]]:
+    """Everything in the cache folder, sorted by name: (path, its sidecar) for a complete entry,
+    (path, LEFTOVER) for an unfinished conversion's folder, else (path, what is wrong with it: a
+    link, a stray file, a broken sidecar). An unreadable cache folder is an OSError."""
     root = cache_root()
     if not root.is_dir():
         return
     for entry in sorted(root.iterdir()):
-        if entry.is_dir() and not entry.name.startswith(TMP_PREFIX):
-            meta = read_sidecar(entry)
-            if meta is not None:
-                yield entry, meta
+        if entry.is_symlink():
+            yield entry, f"a link to {os.readlink(entry)}, not an entry"
+        elif entry.name.startswith(TMP_PREFIX) and entry.is_dir():
+            yield entry, LEFTOVER
+        elif not entry.is_dir():
+            yield entry, "a file, not an entry"
+        else:
+            yield entry, sidecar_problem(entry)
 
 
-def entry_bytes(entry: Path) -> int:
-    return sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+def entry_bytes(entry: Path) -> int | None:
+    """Bytes under an entry (a link counts as itself, not what it points to); None if unreadable."""
+    try:
+        if entry.is_symlink() or entry.is_file():
+            return entry.lstat().st_size
+        return sum(f.lstat().st_size for f in entry.rglob("*") if not f.is_dir() or f.is_symlink())
+    except OSError:
+        return None
 
 
 def lookup(source: Path, variant: str) -> tuple[Path, dict] | None:
@@ -113,8 +153,12 @@ def converted(source: str | Path, variant: str, build: Callable[[Path, Path], No
     meta = read_sidecar(final)
     if meta is not None:  # same content under another path or mtime: reuse it
         return final, meta
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}.", dir=root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}.", dir=root))
+    except OSError as e:
+        raise CacheUnwritable(f"cannot write the model cache {root} ({e.strerror}): point SPECMAC_CACHE at "
+                              "a writable folder") from None
     tmp.chmod(0o755)  # mkdtemp makes it private; an entry is an ordinary folder
     status(f"specmac: converting {source} to {what} (once; cached in {final})")
     try:
@@ -134,11 +178,18 @@ def converted(source: str | Path, variant: str, build: Callable[[Path, Path], No
 
 
 def remove(entry: Path) -> None:
-    """Delete one entry (or a leftover temporary folder) of the cache."""
+    """Delete one entry (or a leftover temporary folder, a link as the link, a stray file) of the
+    cache; an OSError names the first thing that could not be removed."""
     entry = Path(entry)
     if entry.parent.resolve() != cache_root().resolve():
         raise ValueError(f"{entry} is not an entry of {cache_root()}")
-    shutil.rmtree(entry)
+    if entry.is_symlink() or not entry.is_dir():
+        entry.unlink()
+        return
+    failed: list[OSError] = []
+    shutil.rmtree(entry, onerror=lambda _fn, _path, exc: failed.append(exc[1]))
+    if failed:
+        raise failed[0]
 
 
 def leftovers() -> list[Path]:

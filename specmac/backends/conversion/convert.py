@@ -51,9 +51,12 @@ def gguf_to_hf(path: str | Path, dtype: str = "float32") -> tuple[Path, dict]:
 
 
 def _gguf_to_hf(src: Path, out: Path, dtype: str) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    from specmac.backends.interrupt import held_signals
+
+    with held_signals():  # Ctrl-C waits for the imports: torch's, stopped half-way, aborts the process
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
     was_on, bars = hf_logging.is_progress_bar_enabled(), cache.progress_bars()
     (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()

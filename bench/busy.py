@@ -1,0 +1,162 @@
+"""Decoding on a busy machine: plain, K = 4 and --k auto, quiet and beside 1 and 2 busy processes.
+
+    flock /tmp/specmac-bench.lock python bench/busy.py [--models-dir DIR] [--out results/busy]
+
+Qwen2.5-Coder 1.5B Q4_K_M target, 0.5B Q4_K_M draft (gguf both), one chat prompt, 64 new tokens,
+greedy. Each condition (load x thread setting) runs in its own process, because libgomp reads its
+settings once: the busy processes (``while True: pass`` in Python) start first, then the child
+loads the pair, discards a warm-up run of each method and measures ``--rounds`` rounds in which
+plain, K = 4 and auto alternate. Auto's pass costs are measured in the condition itself (a fresh
+cache per child), as a user's first run there would. Thread settings: libgomp's default (spins
+about 300k iterations before sleeping), OMP_WAIT_POLICY=PASSIVE (sleeps at once),
+GOMP_SPINCOUNT=10000 (spins briefly; off by default, see README), and passive with one thread per
+model. Writes busy.json
+(runs, medians, provenance), README.md (the table) and busy.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir  # noqa: E402
+
+PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a short docstring."
+METHODS = {"plain": None, "K=4": 4, "auto": "auto"}
+SETTINGS = {  # name -> (environment, n_threads or None for the default)
+    "spin (default)": ({}, None),
+    "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, None),
+    "passive 1 thread": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1),
+    "spincount 10k": ({"GOMP_SPINCOUNT": "10000"}, None),  # not in the default --settings: see README
+}
+BUSY = "while True: pass"
+
+
+def child(args) -> None:
+    """One condition: load, warm up, rounds of plain / K=4 / auto; print the runs as JSON."""
+    from specmac.api import Pair
+    from specmac.backends import load_backend
+    from specmac.core.drafters import ModelDrafter
+
+    opts = {"n_threads": args.threads} if args.threads else {}
+    target = load_backend("gguf", str(args.models_dir / QWEN_15B_GGUF), opts, role="target")
+    draft = load_backend("gguf", str(args.models_dir / QWEN_05B_GGUF), opts, role="draft")
+    pair = Pair(target, ModelDrafter(draft))
+    ids = pair.encode(target.apply_chat_template(PROMPT))
+    runs = []
+    for rnd in range(-1, args.rounds):  # round -1: the warm-up, discarded
+        for name, k in METHODS.items():
+            p = pair.plain() if k is None else pair
+            g = p.generate(ids, k=k or 1, max_tokens=8 if rnd < 0 else args.tokens, seed=0)
+            if rnd >= 0:
+                runs.append({"method": name, "round": rnd, "tokens": g.stats.n_tokens,
+                             "seconds": g.stats.seconds, "tokens_per_second": g.stats.tokens_per_second})
+    print(json.dumps({"runs": runs, "threads": target.resolved["n_threads"]}))
+
+
+def condition(args, n_busy: int, setting: str) -> dict:
+    env_extra, threads = SETTINGS[setting]
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(n_busy)]
+    try:
+        time.sleep(0.5 if busy else 0)  # the scheduler sees them before the models load
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, SPECMAC_CACHE=cache, **env_extra)
+            cmd = [sys.executable, __file__, "--child", "--models-dir", str(args.models_dir), "--tokens",
+                   str(args.tokens), "--rounds", str(args.rounds)]
+            cmd += ["--threads", str(threads)] if threads else []
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+    got = json.loads(out.strip().splitlines()[-1])
+    med = {m: statistics.median(r["tokens_per_second"] for r in got["runs"] if r["method"] == m)
+           for m in METHODS}
+    return {"busy": n_busy, "setting": setting, "threads": got["threads"], "env": env_extra,
+            "runs": got["runs"], "median_tokens_per_second": med}
+
+
+def table(rows: list[dict]) -> list[str]:
+    quiet = {r["setting"]: r["median_tokens_per_second"] for r in rows if r["busy"] == 0}
+    out = ["| busy processes | thread setting | threads | plain tok/s | K=4 tok/s | auto tok/s | "
+           "auto / plain | plain vs quiet default |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    base = quiet.get("spin (default)", {}).get("plain")
+    for r in rows:
+        m = r["median_tokens_per_second"]
+        rel = f"{m['plain'] / base:.0%}" if base else "-"
+        out.append(f"| {r['busy']} | {r['setting']} | {r['threads']} | {m['plain']:.1f} | {m['K=4']:.1f} | "
+                   f"{m['auto']:.1f} | {m['auto'] / m['plain']:.2f} | {rel} |")
+    return out
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    from specmac.compare.results import _pyplot, save_figure
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(METHODS), figsize=(13, 3.8), sharey=True)
+    for ax, method in zip(axes, METHODS):
+        for i, setting in enumerate(SETTINGS):
+            pts = [(r["busy"], r["median_tokens_per_second"][method]) for r in rows
+                   if r["setting"] == setting]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", color=f"C{i}", label=setting)
+        ax.set_title(method)
+        ax.set_xlabel("busy competing processes")
+        ax.set_xticks([0, 1, 2])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("tokens/s (median of rounds)")
+    axes[-1].legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_models_dir(ap)
+    ap.add_argument("--out", type=Path, default=Path("results/busy"))
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--busy", default="0,1,2", help="numbers of busy processes, e.g. 0,1,2")
+    ap.add_argument("--settings", default="spin (default),passive,passive 1 thread",
+                    help=f"thread settings, a comma list of: {', '.join(SETTINGS)}")
+    ap.add_argument("--budget-s", type=float, default=560, help="start no condition after this many seconds")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    from specmac.compare.results import provenance, write_json
+
+    t0, rows = time.monotonic(), []
+    for n_busy in (int(x) for x in args.busy.split(",")):
+        for setting in args.settings.split(","):
+            if time.monotonic() - t0 > args.budget_s:
+                print(f"budget spent: {n_busy} busy / {setting} not run", file=sys.stderr)
+                continue
+            rows.append(condition(args, n_busy, setting))
+            m = rows[-1]["median_tokens_per_second"]
+            print(f"{n_busy} busy, {setting}: " + ", ".join(f"{k} {v:.1f}" for k, v in m.items()),
+                  file=sys.stderr, flush=True)
+    command = "flock /tmp/specmac-bench.lock python bench/busy.py " + " ".join(sys.argv[1:])
+    load = os.getloadavg()
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "busy.json", {"rows": rows, "prompt": PROMPT, "tokens": args.tokens,
+                                        "rounds": args.rounds, "loadavg_after": load,
+                                        "provenance": provenance(command, [args.models_dir / QWEN_15B_GGUF,
+                                                                           args.models_dir / QWEN_05B_GGUF])})
+    plot(rows, args.out / "busy.png")
+    lines = table(rows)
+    print("\n".join(lines))
+    (args.out / "README.md").write_text("\n".join(["# Decoding on a busy machine", "", f"`{command}`", "",
+                                                   *lines, ""]) + "\n")
+
+
+if __name__ == "__main__":
+    main()
