@@ -10,6 +10,7 @@ tests/test_loop.py; the planted bugs for the coupled sampler are in tests/test_c
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import numpy as np
@@ -182,3 +183,44 @@ def test_real_target_with_ngram_drafter(target):
     res = exact_check(pair, params=SETTINGS["t1"], n_sequences=2, length=16, k=4, seed=5,
                       contexts=("for i in range(10):\n    for i in range(10):\n        ",))
     assert not [d for d in res["partings"] if not d["ok"]], res["partings"]
+
+
+# --- the command line -------------------------------------------------------------------------
+
+def _run_ids(*args) -> list[int]:
+    from click.testing import CliRunner
+
+    from specmac.cli import main
+
+    r = CliRunner().invoke(main, ["run", "--sampler", "coupled", "--temperature", "1", "--seed", "7",
+                                  "--max-tokens", "20", "--json", *args, "def "])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)["token_ids"]
+
+
+@pytest.mark.parametrize("target", [pytest.param(t, marks=skip_unless_installed(t))
+                                    for t in ("synthetic", "gguf", "mlx")])
+def test_cli_run_prints_the_same_ids_whatever_drafts(target):
+    """`specmac run --sampler coupled --seed 7`: the same token ids with no draft, a model draft at
+    K = 2 and 6 and auto, and the n-gram drafter (the torch target is covered above, by the API)."""
+    draft = "synthetic" if target == "synthetic" else "gguf"
+    want = _run_ids("--target", target, "--draft", "none")
+    for extra in (["--draft", draft, "--k", "2"], ["--draft", draft, "--k", "6"],
+                  ["--draft", draft, "--k", "auto"], ["--draft", "ngram"]):
+        assert _run_ids("--target", target, *extra) == want, extra
+
+
+def test_cli_verify_exact_passes_the_synthetic_pair_with_json():
+    from click.testing import CliRunner
+
+    from specmac.cli import main
+
+    r = CliRunner().invoke(main, ["verify", "--exact", "--draft", "synthetic", "--target", "synthetic",
+                                  "--sequences", "6", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output)
+    assert res["n_identical"] == 6 and res["verdict"].startswith("PASS")
+    assert res["sampling"]["sampler"] == "coupled"
+    bad = CliRunner().invoke(main, ["verify", "--draft", "synthetic", "--target", "synthetic",
+                                    "--sequences", "3"])
+    assert bad.exit_code == 2 and "add --exact" in bad.output

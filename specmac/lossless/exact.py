@@ -160,7 +160,7 @@ def verdict(res: dict) -> str:
     can = ("Can see: any systematic error of the pipeline that changes an emitted token (cache rewinds, "
            "stale or misaligned cache entries, a batched pass that computes something else, drafts "
            "misaligned with their rows, the bonus row, EOS and length bookkeeping, noise keyed by the "
-           "wrong position), in one sequence.")
+           "wrong position), within a few sequences.")
     cannot = ("Cannot see: the rejection rule (not used by the coupled sampler; the exact tests of levels "
               "1-2 prove it), and anything about the drafts themselves (the coupled rule's output does not "
               "depend on them, only its acceptance does); errors rarer than once in "
