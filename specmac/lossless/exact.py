@@ -68,8 +68,11 @@ def diagnose_parting(pair: Pair, prompt: Sequence[int], events: list, spec: list
     delta = float(np.max(np.abs(B[finite] - S[finite]))) if finite.any() else 0.0
     s_tok = spec[i] if i < len(spec) else None
     t_tok = ref[i] if i < len(ref) else None
-    S_s, S_t = _token_value(S, s_tok, eos), _token_value(S, t_tok, eos)
-    B_s, B_t = _token_value(B, s_tok, eos), _token_value(B, t_tok, eos)
+    # a token's own value even where a filter's cutoff (rounded differently) masks it in one row
+    S_raw, B_raw = serial / params.temperature + g, batched / params.temperature + g
+    S_s, S_t = _token_value(S_raw, s_tok, eos), _token_value(S_raw, t_tok, eos)
+    B_s, B_t = _token_value(B_raw, s_tok, eos), _token_value(B_raw, t_tok, eos)
+    boundary = any(not np.isfinite(_token_value(R, tok, eos)) for R in (S, B) for tok in (s_tok, t_tok))
     top2 = np.sort(S[np.isfinite(S)])[-2:]
     # each side's token is its own row's choice, up to the batched-vs-serial difference here
     near_tie = bool(S.max() - S_t <= delta and B.max() - B_s <= delta)
@@ -85,7 +88,8 @@ def diagnose_parting(pair: Pair, prompt: Sequence[int], events: list, spec: list
             "token_kind": kinds[i] if i < len(kinds) else "end",
             "margin": float(S_t - S_s), "top2_gap": float(top2[-1] - top2[0]) if len(top2) == 2 else 0.0,
             "batched_vs_serial": delta, "flipped_pair_moved_logits": float(moved),
-            "near_tie": near_tie, "diagnosis": why, "ok": why == "near-tie flip"}
+            "support_boundary": bool(boundary), "near_tie": near_tie, "diagnosis": why,
+            "ok": why == "near-tie flip"}
 
 
 def exact_check(pair: Pair, *, params: SamplingParams, n_sequences: int = DEFAULT_SEQUENCES,
