@@ -47,7 +47,7 @@ def measure(pair: Pair, args: argparse.Namespace, temps: tuple[float, ...]) -> l
     """Rounds of (temperature x prompt x configuration); after a complete round, stops once
     --budget-s has passed (the rounds kept are complete, so every configuration has as many runs)."""
     base = pair.baseline()
-    ids = [pair.encode(p) for p in PROMPTS]
+    ids = [pair.encode(p) for p in PROMPTS[: args.n_prompts]]
     order = configs(args.ks)
     for temp in temps:
         for s, k in order:  # warm-up, not recorded
@@ -131,6 +131,7 @@ def main() -> None:
     ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4])
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--n-prompts", type=int, default=len(PROMPTS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--exact-sequences", type=int, default=6)
     ap.add_argument("--budget-s", type=float, default=420,
@@ -152,7 +153,7 @@ def main() -> None:
                         k=max(args.ks))
     exact.pop("sequences")
     out = {"provenance": provenance(" ".join(sys.argv), models=files),
-           "target_info": target.info(), "draft_info": draft.info(), "prompts": PROMPTS,
+           "target_info": target.info(), "draft_info": draft.info(), "prompts": PROMPTS[: args.n_prompts],
            "max_tokens": args.max_tokens, "repeats": args.repeats, "ks": args.ks,
            "measure_seconds": t_measure, "load_average_before": load_before,
            "load_average_after": os.getloadavg(), "summary": summarize(runs),
