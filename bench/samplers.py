@@ -46,7 +46,7 @@ def configs(ks: list[int]) -> list[tuple[str, int]]:
 def measure(pair: Pair, args: argparse.Namespace, temps: tuple[float, ...]) -> list[dict]:
     """Rounds of (temperature x prompt x configuration); after a complete round, stops once
     --budget-s has passed (the rounds kept are complete, so every configuration has as many runs)."""
-    base = pair.baseline()
+    base = pair.plain()
     ids = [pair.encode(p) for p in PROMPTS[: args.n_prompts]]
     order = configs(args.ks)
     for temp in temps:

@@ -1,6 +1,6 @@
 """The coupled sampler: its noise, its marginals (level 1), and seed-exactness on every pairing.
 
-Under ``sampler="coupled"`` the speculative text must be token for token the target-only text at
+Under ``sampler="coupled"`` the speculative text must be token for token the plain-decoding text at
 the same seed, whatever drafted it and whatever K. On the synthetic pair batched and one-token
 passes are bitwise equal, so any parting fails; on the real backends of the embedded pair a
 parting is diagnosed (specmac.lossless.exact) and fails only when it is not a near-tie flip of
@@ -22,7 +22,7 @@ from specmac.api import Pair
 from specmac.backends import load_backend
 from specmac.backends.synthetic import SyntheticBackend
 from specmac.core.calibration import adaptive_policy
-from specmac.core.drafters import ModelDrafter, NgramDrafter, NoDraft
+from specmac.core.drafters import ModelDrafter, NgramDrafter, PlainDecoding
 from specmac.core.rejection import coupled_acceptance
 from specmac.core.sampling import GumbelNoise, SamplingParams, gumbel, perturb, warp
 from specmac.errors import BadOption
@@ -103,7 +103,7 @@ K_GRID = [*range(1, 9), "auto"]
 def test_synthetic_speculative_equals_target_only_at_every_k(drafter, name):
     params = SETTINGS[name]
     pair = _synthetic(drafter)
-    base = Pair(pair.target, NoDraft())
+    base = Pair(pair.target, PlainDecoding())
     # a repetitive prompt, so that the n-gram drafter proposes
     prompts = [pair.encode("abcabcabca"), pair.encode("hello world"), [3]]
     drafted = 0

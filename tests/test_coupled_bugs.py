@@ -24,7 +24,7 @@ from test_planted_bugs import FaultyBatched, RewindOneShort, _swap
 from specmac.api import Pair
 from specmac.backends.synthetic import SyntheticBackend
 from specmac.core.drafters import ModelDrafter
-from specmac.core.rejection import verify_greedy
+from specmac.core.rejection import accept_greedy
 from specmac.core.sampling import GumbelNoise, SamplingParams
 from specmac.lossless.exact import exact_check
 from specmac.lossless.harness import DEFAULT_TOKENS
@@ -35,7 +35,7 @@ REJECT, PASS = 1e-4, 1e-3
 
 class StepKeyedNoise(GumbelNoise):
     """Bug: a step's noise is keyed by the step's index instead of its output position (the two
-    agree in target-only decoding, one token per step)."""
+    agree in plain decoding, one token per step)."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -67,7 +67,7 @@ class RewindKeepsRejected(SyntheticBackend):
 
 def bonus_wrong_row(drafts, q, p, rng):
     """Bug: after all drafts are kept, the bonus token from the last draft's (perturbed) row."""
-    a, nxt = verify_greedy(drafts, q, p, rng)
+    a, nxt = accept_greedy(drafts, q, p, rng)
     if a == len(drafts) and drafts:
         return a, int(np.argmax(p[a - 1]))
     return a, nxt
@@ -119,7 +119,7 @@ def exact_result(name: str, shared: bool = False) -> dict:
     correct target, or (shared) from the mutant's own target, as the CLI runs it."""
     base = Pair.load("synthetic", "synthetic")
     pair, kw = mutant(base, name)
-    ref = None if shared else Pair.load("synthetic").baseline()
+    ref = None if shared else Pair.load("synthetic").plain()
     return exact_check(pair, params=COUPLED, reference=ref, **kw)
 
 

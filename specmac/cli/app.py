@@ -209,7 +209,7 @@ def sampling_options(f: Callable | None = None, *, temperature: float = 0.0) -> 
                      show_default=True,
                      help="How drafts are verified at T > 0: 'rejection' (the rejection rule) or "
                           "'coupled' (Gumbel noise keyed by --seed and position, shared by draft and "
-                          "target: the text is the target-only text of that seed, whatever the draft "
+                          "target: the text is plain decoding's text at that seed, whatever the draft "
                           "and K; lower acceptance)."),
         click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, metavar="N",
                      help="Seed of the sampler, >= 0. With --sampler coupled the same seed gives the "

@@ -1,14 +1,14 @@
-"""Seed-exact verification: each speculative sequence against its target-only twin at one seed.
+"""Seed-exact verification: each speculative sequence against its plain-decoding twin at one seed.
 
 Under the coupled sampler the token at output position j is the argmax of the target's perturbed
 row (logits / T + Gumbel noise keyed by (seed, j)), whoever drafted it, so a correct pipeline
-gives, sequence by sequence, exactly the text of target-only decoding at the same seed. One
+gives, sequence by sequence, exactly the text of plain decoding at the same seed. One
 sequence is a test: a stale cache, a rewind off by one, a batched pass that computes something
 else, drafts misaligned with their rows or a bonus token from the wrong row shows as a parting
 within a few tokens, where the chi-square harness (harness.py) needs ~10^5 tokens.
 
 Where the two part, the target's rows for that token are recomputed from fresh caches: serial
-(prefill, then a one-token pass, as target-only decoding runs) and batched (the speculative
+(prefill, then a one-token pass, as plain decoding runs) and batched (the speculative
 step's pass, as wide as it was), both perturbed by the noise of that position. The parting is a
 *near-tie flip* when each side's token is its own row's choice up to the batched-vs-serial
 difference there (round-off decides it); then that difference, on the two tokens that flipped,
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from specmac.api import Pair
-from specmac.core.rejection import VerifyRule
+from specmac.core.rejection import AcceptRule
 from specmac.core.sampling import GumbelNoise, SamplingParams, perturb
 from specmac.lossless.greedy import first_difference, rows_at, step_of
 from specmac.lossless.harness import DEFAULT_CONTEXTS
@@ -55,7 +55,7 @@ def _token_value(row: np.ndarray, tok: int | None, eos: Sequence[int]) -> float:
 
 def diagnose_parting(pair: Pair, prompt: Sequence[int], events: list, spec: list[int], ref: list[int],
                      i: int, *, params: SamplingParams, seed: int, tolerance: float) -> dict:
-    """Why speculative and target-only part at output index i (see the module docstring)."""
+    """Why speculative and plain decoding part at output index i (see the module docstring)."""
     t = pair.target
     V, eos = t.vocab.size, sorted(t.vocab.eos_ids)
     step_start, width = step_of(events, i)
@@ -95,14 +95,14 @@ def diagnose_parting(pair: Pair, prompt: Sequence[int], events: list, spec: list
 def exact_check(pair: Pair, *, params: SamplingParams, n_sequences: int = DEFAULT_SEQUENCES,
                 length: int = DEFAULT_LENGTH, k: int | str = 4, seed: int = 0,
                 contexts: Sequence[str] = DEFAULT_CONTEXTS, tolerance: float = TOLERANCE,
-                reference: Pair | None = None, rule: VerifyRule | None = None,
+                reference: Pair | None = None, rule: AcceptRule | None = None,
                 noise: Callable | None = None, stop_at_first_failure: bool = False,
                 progress: Callable[[int], None] | None = None) -> dict:
     """n_sequences speculative sequences under the coupled sampler (contexts in turn, one seed
-    each), each against the target-only twin of ``reference`` (default: the same target alone);
+    each), each against the plain-decoding twin of ``reference`` (default: the same target alone);
     every parting diagnosed. ``rule``/``noise`` plant wrong variants (tests)."""
     params = coupled(params)
-    reference = reference or pair.baseline()
+    reference = reference or pair.plain()
     ctx_ids = [pair.encode(c) for c in contexts]
     kinds, partings, seqs = Counter(), [], []
     n_spec = n_ref = 0
@@ -152,11 +152,11 @@ def verdict(res: dict) -> str:
             why = ("the speculative token is not the target's own choice there, nor one round-off away "
                    f"(margin {d['margin']:.3g} > batched-vs-serial difference {d['batched_vs_serial']:.3g}): "
                    "a pipeline error")
-        head = (f"FAIL: {len(bad)} of {n} sequences part from their target-only twin; the first "
+        head = (f"FAIL: {len(bad)} of {n} sequences part from their plain-decoding twin; the first "
                 f"(sequence {d['sequence']}, token {d['first_difference'] + 1}, a {d['token_kind']} token): "
                 f"{why}.")
     else:
-        head = (f"PASS: {res['n_identical']} of {n} sequences are token for token their target-only twin"
+        head = (f"PASS: {res['n_identical']} of {n} sequences are token for token their plain-decoding twin"
                 + (f"; {flips} part at near-tie flips of the batched pass's round-off." if flips else "."))
     kinds = res["n_by_kind"]
     tested = "Tested: " + ", ".join(f"{kinds[x]} {x}" for x in ("accepted", "corrected", "bonus", "target")
@@ -177,7 +177,7 @@ def lines(res: dict) -> list[str]:
     out = [f"sequences      {res['n_sequences']} x {res['length']} tokens, K {res['k']}, seed-exact "
            f"twins: {res['n_identical']} identical",
            f"tokens         {res['n_tokens_speculative']} speculative, "
-           f"{res['n_tokens_target_only']} target-only"]
+           f"{res['n_tokens_target_only']} plain"]
     if res["partings"]:
         out += ["", "sequence  token  kind       margin  batched-vs-serial  moved (logits)  diagnosis"]
         for d in res["partings"]:
