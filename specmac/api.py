@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,14 +88,17 @@ class Pair:
 
     def stream(self, prompt: str | Sequence[int], *, params: SamplingParams | None = None,
                max_tokens: int = MAX_TOKENS, k: int | str | KPolicy = K_DEFAULT, seed: int = 0,
-               rule: AcceptRule | None = None) -> Iterator[Event]:
-        """k: drafts per step, "auto" (adaptive, from the cost model), or a policy object."""
+               rule: AcceptRule | None = None, noise: Callable | None = None) -> Iterator[Event]:
+        """k: drafts per step, "auto" (adaptive, from the cost model), or a policy object. Under
+        ``params.sampler == "coupled"`` the text depends on ``seed`` alone, whatever the drafter
+        and K; ``rule`` and ``noise`` plant wrong variants (tests)."""
         check_max_tokens(max_tokens)
         check_seed(seed)
         policy = self._resolve(k, max_tokens)
         return speculative_steps(self.target, self.drafter, self.encode(prompt),
                                  params=params or SamplingParams(), max_tokens=max_tokens,
-                                 rng=np.random.default_rng(seed), k=policy, rule=rule)
+                                 rng=np.random.default_rng(seed), k=policy, rule=rule, seed=seed,
+                                 noise=noise)
 
     def generate(self, prompt: str | Sequence[int], **kw) -> Generation:
         policy = self._resolve(kw.pop("k", K_DEFAULT), kw.get("max_tokens", MAX_TOKENS))
@@ -133,9 +136,11 @@ def generate(prompt: str | Sequence[int], *, target: str = "synthetic", draft: s
              target_model: str | None = None, draft_model: str | None = None,
              target_options: dict | None = None, draft_options: dict | None = None,
              k: int | str = K_DEFAULT, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             min_p: float = 0.0, max_tokens: int = MAX_TOKENS, seed: int = 0) -> Generation:
-    """Load a pair and generate once. For many calls, load a ``Pair`` once and reuse it."""
-    params = SamplingParams(temperature, top_k, top_p, min_p)
+             min_p: float = 0.0, max_tokens: int = MAX_TOKENS, seed: int = 0,
+             sampler: str = "rejection") -> Generation:
+    """Load a pair and generate once. For many calls, load a ``Pair`` once and reuse it.
+    sampler="coupled": the same seed gives the same text with or without a draft, at any k."""
+    params = SamplingParams(temperature, top_k, top_p, min_p, sampler)
     pair = Pair.load(target, draft, target_model=target_model, draft_model=draft_model,
                      target_options=target_options, draft_options=draft_options)
     return pair.generate(prompt, params=params, max_tokens=max_tokens, k=k, seed=seed)

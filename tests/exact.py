@@ -15,7 +15,8 @@ import numpy as np
 from specmac.api import Pair
 from specmac.backends.synthetic import SyntheticBackend
 from specmac.core.drafters import ModelDrafter
-from specmac.core.sampling import warp
+from specmac.core.rejection import acceptance_probability, coupled_acceptance
+from specmac.core.sampling import SamplingParams, warp
 from specmac.lossless.chisquare import goodness_of_fit, holm
 
 END = "end"
@@ -77,9 +78,9 @@ def exact_marginals(target, prompt, params, length):
     return out, pairs
 
 
-def sample(pair, prompt, params, k, n, seed, rule=None, length=L):
+def sample(pair, prompt, params, k, n, seed, rule=None, length=L, noise=None):
     return [tuple(pair.generate(prompt, params=params, max_tokens=length, k=k, seed=seed * 100_003 + i,
-                                rule=rule).token_ids) for i in range(n)]
+                                rule=rule, noise=noise).token_ids) for i in range(n)]
 
 
 def gof(counts: Counter, exact: dict):
@@ -87,12 +88,13 @@ def gof(counts: Counter, exact: dict):
     return goodness_of_fit(np.array([counts[x] for x in keys]), np.array([exact.get(x, 0.0) for x in keys]))
 
 
-def level2(pair, params, k, n=1000, seed=0, rule=None, prompts=PROMPTS, length=L) -> dict:
+def level2(pair, params, k, n=1000, seed=0, rule=None, prompts=PROMPTS, length=L, noise=None) -> dict:
     """Per prompt: the marginal at each position 1..length and the joint first JOINT tokens against
-    the exact distributions. Returns {"p": the family's adjusted p-value, "tests": {name: p}}."""
+    the exact distributions. Returns {"p": the family's adjusted p-value, "tests": {name: p}}.
+    ``rule`` and ``noise`` plant wrong variants (the coupled sampler's noise: ``noise``)."""
     tests = {}
     for prompt in prompts:
-        seqs = sample(pair, list(prompt), params, k, n, seed, rule, length)
+        seqs = sample(pair, list(prompt), params, k, n, seed, rule, length, noise)
         marg, pairs = exact_marginals(pair.target, list(prompt), params, length)
         at = [[s[j] if j < len(s) else END for s in seqs] for j in range(length)]
         for j in range(length):
@@ -103,3 +105,16 @@ def level2(pair, params, k, n=1000, seed=0, rule=None, prompts=PROMPTS, length=L
         tests[f"{prompt} first {JOINT}"] = gof(Counter(s[:JOINT] for s in seqs), joint).p_value
     adjusted = holm(list(tests.values()))
     return {"p": min(adjusted), "tests": tests}
+
+
+def first_acceptance(pair, sampler, n=4000, prompt=(1, 2)):
+    """(measured, analytic, 4-sigma bound) acceptance of one draft at T = 1 after ``prompt``:
+    sum_x min(p, q) for the rejection rule, the exponential race for the coupled sampler."""
+    params = SamplingParams(1.0, sampler=sampler)
+    p = warp(pair.target.next_logits(list(prompt))[None], params)[0]
+    q = warp(pair.drafter.backend.next_logits(list(prompt))[None], params)[0]
+    expected = (coupled_acceptance(p, q) if params.coupled else
+                sum(q[x] * acceptance_probability(p[x], q[x]) for x in range(len(p))))
+    acc = [pair.generate(list(prompt), params=params, max_tokens=2, k=1, seed=i).stats.n_accepted
+           for i in range(n)]
+    return float(np.mean(acc)), float(expected), 4 * float(np.sqrt(expected * (1 - expected) / n))

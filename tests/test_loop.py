@@ -4,14 +4,26 @@ The synthetic target's next-token logits are known exactly, so the marginal of t
 position, of every two neighbouring tokens and the joint first tokens are computable (tests/exact.py);
 the whole loop is checked against them with K up to 8 and sequences of L = 10 tokens, after a few
 prompts, on a vocabulary where the residual max(0, p - q) has several tokens. The planted bugs
-these tests must reject are in tests/test_planted_bugs.py.
+these tests must reject are in tests/test_planted_bugs.py (tests/test_coupled_bugs.py for the
+coupled sampler, with which the exact tests run too).
 """
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
 import pytest
-from exact import END, PROMPTS, L, exact_distribution, exact_marginals, gof, level2, synthetic_pair
+from exact import (
+    END,
+    PROMPTS,
+    L,
+    exact_distribution,
+    exact_marginals,
+    first_acceptance,
+    gof,
+    level2,
+    synthetic_pair,
+)
 from scipy import stats as sstats
 
 from specmac.api import Pair
@@ -19,7 +31,7 @@ from specmac.backends.synthetic import SyntheticBackend
 from specmac.core.calibration import adaptive_policy
 from specmac.core.drafters import Drafter, ModelDrafter, NgramDrafter, PlainDecoding
 from specmac.core.policy import AdaptiveK
-from specmac.core.rejection import acceptance_probability, residual
+from specmac.core.rejection import residual
 from specmac.core.sampling import SamplingParams, sample, warp
 
 
@@ -46,11 +58,16 @@ def test_the_residual_has_several_tokens():
         assert (residual(p, q) > 0.05).sum() >= 3, prompt
 
 
+SAMPLERS = ["rejection", "coupled"]  # every exact test runs with both
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7), SamplingParams(1.0, top_k=3),
                                     SamplingParams(1.2, top_p=0.8), SamplingParams(1.0, min_p=0.1)],
                          ids=["t1", "t0.7", "topk3", "topp0.8", "minp0.1"])
-def test_loop_matches_exact_distribution(k, params):
+def test_loop_matches_exact_distribution(k, params, sampler):
+    params = dataclasses.replace(params, sampler=sampler)
     res = level2(synthetic_pair(), params, k, n=500, seed=k)
     assert res["p"] > 1e-3, res
 
@@ -62,13 +79,15 @@ def test_k_reaches_8_within_a_sequence():
     assert events[0].n_drafted == 8
 
 
-def test_ngram_drafter_is_lossless():
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_ngram_drafter_is_lossless(sampler):
     target = SyntheticBackend(role="target", vocab_size=6, seed=3, eos_bias=-1.0)
     pair = Pair(target, NgramDrafter())
     prompt = [0, 1, 2, 0, 1, 2, 0, 1]  # the lookup proposes 2, 0, 1, ...
-    res = level2(pair, SamplingParams(1.0), k=3, n=1500, prompts=[prompt], length=6)
+    params = SamplingParams(1.0, sampler=sampler)
+    res = level2(pair, params, k=3, n=1500, prompts=[prompt], length=6)
     assert res["p"] > 1e-3, res
-    assert pair.generate(prompt, params=SamplingParams(1.0), max_tokens=8, k=3).stats.n_drafted > 0
+    assert pair.generate(prompt, params=params, max_tokens=8, k=3).stats.n_drafted > 0
 
 
 @pytest.mark.slow
@@ -233,16 +252,12 @@ def test_stats_fall_out_of_the_loop():
     assert s.seconds > 0 and s.tokens_per_second > 0
 
 
-def test_acceptance_tracks_the_analytic_rate():
-    """One-position acceptance equals sum_x min(p(x), q(x)) for the first draft position."""
-    pair = synthetic_pair(V=8, noise=0.8, eos_bias=-8)
-    prompt, params = [1, 2], SamplingParams(1.0)
-    p = warp(pair.target.next_logits(prompt)[None], params)[0]
-    q = warp(pair.drafter.backend.next_logits(prompt)[None], params)[0]
-    expected = sum(q[x] * acceptance_probability(p[x], q[x]) for x in range(8))
-    acc = [pair.generate(prompt, params=params, max_tokens=2, k=1, seed=i).stats.n_accepted
-           for i in range(4000)]
-    assert abs(np.mean(acc) - expected) < 4 * np.sqrt(expected * (1 - expected) / 4000)
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_acceptance_tracks_the_analytic_rate(sampler):
+    """One-position acceptance equals sum_x min(p(x), q(x)) for the first draft position (the
+    rejection rule), or the exponential race of the shared noise (rejection.coupled_acceptance)."""
+    measured, expected, bound = first_acceptance(synthetic_pair(V=8, noise=0.8, eos_bias=-8), sampler)
+    assert abs(measured - expected) < bound, (measured, expected)
 
 
 def test_adaptive_k_is_lossless_under_greedy_and_sampling():
@@ -258,3 +273,5 @@ def test_adaptive_k_is_lossless_under_greedy_and_sampling():
     assert spec.token_ids == want
     assert spec.stats.k == "auto" and spec.stats.n_drafted > 0
     assert level2(synthetic_pair(), SamplingParams(1.0), AdaptiveK(k_min=1), n=500)["p"] > 1e-3
+    coupled = SamplingParams(1.0, sampler="coupled")
+    assert level2(synthetic_pair(), coupled, AdaptiveK(k_min=1), n=500)["p"] > 1e-3

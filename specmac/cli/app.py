@@ -220,7 +220,7 @@ def pair_options(f: Callable) -> Callable:
 
 
 def sampling_options(f: Callable | None = None, *, temperature: float = 0.0) -> Callable:
-    """--temperature/--top-k/--top-p/--min-p/--seed; ``@sampling_options`` or
+    """--temperature/--top-k/--top-p/--min-p/--sampler/--seed; ``@sampling_options`` or
     ``@sampling_options(temperature=1.0)`` for another default temperature."""
     opts = [
         click.option("--temperature", type=click.FloatRange(min=0), default=temperature, metavar="T",
@@ -231,9 +231,17 @@ def sampling_options(f: Callable | None = None, *, temperature: float = 0.0) -> 
                      show_default=True, help="Nucleus sampling mass; 1 is off."),
         click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.0, metavar="P",
                      show_default=True, help="Drop tokens below min-p x the top probability; 0 is off."),
+        click.option("--sampler", type=click.Choice(["rejection", "coupled"]), default="rejection",
+                     show_default=True,
+                     help="How drafts are verified at T > 0: 'rejection' (the rejection rule) or "
+                          "'coupled' (Gumbel noise keyed by --seed and position, shared by draft and "
+                          "target: the text is plain decoding's text at that seed, whatever the draft "
+                          "and K; lower acceptance)."),
         click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, metavar="N",
-                     help="Seed of the sampler, >= 0 (the same seed gives the same text with a fixed "
-                          "--k; not with --k auto, whose K follows measured timings)."),
+                     help="Seed of the sampler, >= 0. With --sampler coupled the same seed gives the "
+                          "same text with or without speculation, any draft, any --k, auto included; "
+                          "with 'rejection' only for one fixed draft and --k (not auto, whose K "
+                          "follows measured timings)."),
     ]
 
     def apply(g: Callable) -> Callable:
@@ -284,7 +292,7 @@ def load_pair(kw: dict):
 def sampling_params(kw: dict):
     from specmac.core.sampling import SamplingParams
 
-    return SamplingParams(kw["temperature"], kw["top_k"], kw["top_p"], kw["min_p"])
+    return SamplingParams(kw["temperature"], kw["top_k"], kw["top_p"], kw["min_p"], kw["sampler"])
 
 
 def parse_k(value: str) -> int | str:

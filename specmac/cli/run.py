@@ -9,6 +9,7 @@ import click
 
 from specmac.cli.app import (
     UserError,
+    emit_json,
     load_pair,
     main,
     pair_options,
@@ -28,8 +29,8 @@ from specmac.core.policy import K_DEFAULT
 @click.option("--k", "k_text", default=str(K_DEFAULT), show_default=True, metavar="K|auto",
               help="Draft tokens per step, or 'auto' (chosen every step by the cost model; "
                    "0 drafts when no K is predicted to pay, trying to draft within 3% of the run's time). "
-                   "'auto' is not reproducible: K depends on "
-                   "wall-clock timings, so the same --seed can give other text.")
+                   "With --sampler rejection 'auto' is not reproducible (K depends on wall-clock "
+                   "timings, so the same --seed can give other text); with --sampler coupled it is.")
 @click.option("--remeasure", is_flag=True,
               help="With --k auto: measure the pass costs again instead of using the kept ones "
                    "(as SPECMAC_REMEASURE=1 does).")
@@ -79,15 +80,27 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, chat, baseline, as_j
 @main.command()
 @pair_options
 @sampling_options(temperature=1.0)
-@click.option("--k", "k_text", default=str(K_DEFAULT), show_default=True, metavar="K")
+@click.option("--k", "k_text", default=str(K_DEFAULT), show_default=True, metavar="K",
+              help="Draft tokens per step ('auto' too with --exact).")
 @click.option("--tokens", type=click.IntRange(min=1), default=None, metavar="N",
               help="Tokens generated per method (speculative and plain), rounded up to whole "
                    "sequences [default: 100000; a 1.5B model on a CPU wants ~10000].")
 @click.option("--length", type=click.IntRange(min=2), default=None, metavar="N",
               help="Tokens per sequence; every position 1..N is tested [default: 2k+2, so drafts at "
-                   "every position 1..k, corrections and bonus tokens of first and later steps occur].")
+                   "every position 1..k, corrections and bonus tokens of first and later steps occur; "
+                   "32 with --exact].")
+@click.option("--exact", is_flag=True,
+              help="Seed-exact check instead of chi-square: --sequences sequences under the coupled "
+                   "sampler, each compared token for token with its plain-decoding twin at the same "
+                   "seed, every parting diagnosed. Exit status 1 on FAIL.")
+@click.option("--sequences", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --exact: sequences compared [default: 24].")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=None, metavar="LOGITS",
+              help="With --exact: the batched-vs-serial difference on two flipped tokens accepted as "
+                   "round-off [default: 0.1; llama.cpp's quantized kernels may need more, see "
+                   "`specmac probe-parallelism`].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def verify(k_text, tokens, length, as_json, **kw):
+def verify(k_text, tokens, length, exact, sequences, tolerance, as_json, **kw):
     """Is the output still the target's? Chi-square tests per position, and greedy agreement.
 
     Each method (speculative, plain) generates independent continuations of --length
@@ -97,6 +110,10 @@ def verify(k_text, tokens, length, as_json, **kw):
     drafts, corrections and bonus tokens are all tested; the JSON counts them (n_by_kind). The
     verdict says how large a difference would have been caught. At temperature 0 the greedy
     sequences are compared, and a mismatch that is not a near-tie flip is a FAIL.
+
+    With --exact, the coupled sampler makes every sequence a test of its own: a pipeline error
+    (rewinds, caches, batching, alignment, bookkeeping) shows in a few sequences; the rejection
+    rule itself is not tested (levels 1-2 of the proof do that).
     """
     from specmac.cli import runner
     from specmac.lossless.harness import DEFAULT_CONTEXTS, DEFAULT_TOKENS, default_length
@@ -104,6 +121,11 @@ def verify(k_text, tokens, length, as_json, **kw):
     if kw["draft"] == "none":
         raise UserError("verify needs a draft: add --draft BACKEND (or --draft ngram)")
     k = parse_k(k_text)
+    if exact:
+        return _verify_exact(k, length, sequences, tolerance, tokens, as_json, kw)
+    for flag, value in (("--sequences", sequences), ("--tolerance", tolerance)):
+        if value is not None:
+            raise UserError(f"{flag} belongs to the seed-exact check: add --exact, or drop {flag}")
     if not isinstance(k, int):
         raise UserError("verify needs a fixed --k (an integer >= 1)")
     length = length or default_length(k)
@@ -157,6 +179,33 @@ def _duration(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.1f} {unit}"
     return f"{seconds:.0f} s"
+
+
+def _verify_exact(k, length, sequences, tolerance, tokens, as_json, kw) -> None:
+    from specmac.lossless import exact
+
+    if tokens is not None:
+        raise UserError("--tokens belongs to the chi-square check: with --exact use --sequences N")
+    if kw["temperature"] == 0:
+        raise UserError("--exact compares samples at T > 0: use --temperature 1 (at 0 verify "
+                        "compares greedy outputs without --exact)")
+    params = sampling_params(kw)
+    pair = load_pair(kw)
+    policy = pair.timed_auto_policy(length or exact.DEFAULT_LENGTH) if k == "auto" else pair.policy(k)
+    res = exact.exact_check(pair, params=params, n_sequences=sequences or exact.DEFAULT_SEQUENCES,
+                            length=length or exact.DEFAULT_LENGTH, k=policy, seed=kw["seed"],
+                            tolerance=exact.TOLERANCE if tolerance is None else tolerance)
+    res["k"] = k
+    res.update(pair.info())
+    res["verdict"] = exact.verdict(res)
+    if as_json:
+        emit_json(res)
+    else:
+        for line in exact.lines(res):
+            click.echo(line)
+        click.echo("")
+        click.echo(res["verdict"])
+    sys.exit(1 if res["n_failures"] else 0)
 
 
 # --- backends -----------------------------------------------------------------------------

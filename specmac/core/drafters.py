@@ -7,6 +7,8 @@ ask for a drafter's model (None without one); ``load_drafter`` is the one factor
 ``propose(seq, k)`` takes the whole committed sequence, so a drafter keeps its own cache in step:
 it rewinds to the longest prefix it has already seen and feeds only what is new (after a fully
 accepted step that includes the last draft token, which it proposed but never scored).
+Under the coupled sampler the loop also passes ``noise`` (row i: the Gumbel noise of draft i's
+output position); a model drafter proposes the argmax of its perturbed row, and no q is needed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from specmac.backends import BaseBackend, backend_class, load_backend
-from specmac.core.sampling import SamplingParams, sample, warp
+from specmac.core.sampling import SamplingParams, StepNoise, perturb, sample, warp
 from specmac.errors import BadOption
 from specmac.vocab import Vocab, align_logits, check_compatible
 
@@ -38,10 +40,11 @@ class Drafter:
         raise NotImplementedError
 
     def propose(self, seq: Sequence[int], k: int, params: SamplingParams,
-                rng: np.random.Generator, n_vocab: int) -> tuple[list[int], Any]:
+                rng: np.random.Generator, n_vocab: int,
+                noise: StepNoise | None = None) -> tuple[list[int], Any]:
         """-> drafts [<= k] and q: a row [n_vocab] per draft, the distribution it was drawn from
-        (float64, warped like the target), indexable as q[i]; None when ``params.greedy`` (the
-        greedy rule reads no q)."""
+        (float64, warped like the target), indexable as q[i]; None when ``params.greedy`` or
+        ``noise`` is given (the greedy rule reads no q)."""
         raise NotImplementedError
 
     def trim(self, n: int) -> None:
@@ -60,7 +63,7 @@ class PlainDecoding(Drafter):
     def max_k(self, n_seq: int) -> int:
         return 0
 
-    def propose(self, seq, k, params, rng, n_vocab):
+    def propose(self, seq, k, params, rng, n_vocab, noise=None):
         return [], None
 
 
@@ -76,7 +79,7 @@ class ModelDrafter(Drafter):
     def max_k(self, n_seq: int) -> int:
         return self.backend.n_ctx - n_seq + 1  # the cache ends holding seq + k - 1 tokens
 
-    def propose(self, seq, k, params, rng, n_vocab):
+    def propose(self, seq, k, params, rng, n_vocab, noise=None):
         m = _common_prefix(self.seen, seq, limit=len(seq) - 1)  # always re-score the last token
         self.trim(m)
         qs, drafts = [], []
@@ -85,6 +88,8 @@ class ModelDrafter(Drafter):
             row = align_logits(logits, n_vocab)
             if params.greedy:  # the greedy rule needs no q: the argmax of the logits is the draft
                 d = int(np.argmax(row))
+            elif noise is not None:  # coupled: the target's own choice if q_i were p_i
+                d = int(np.argmax(perturb(row, params, noise[i])))
             else:
                 qs.append(warp(row, params))
                 d = sample(qs[-1], rng)
@@ -92,7 +97,7 @@ class ModelDrafter(Drafter):
             if i < k - 1:
                 logits = self.backend.score([d])[0]
         self.seen = list(seq) + drafts[:-1]
-        return drafts, (None if params.greedy else qs)
+        return drafts, (None if params.greedy or noise is not None else qs)
 
     def trim(self, n: int) -> None:
         n = min(n, len(self.seen), self.backend.n_past)
@@ -117,9 +122,9 @@ class NgramDrafter(Drafter):
     def max_k(self, n_seq: int) -> int:
         return 1 << 30
 
-    def propose(self, seq, k, params, rng, n_vocab):
+    def propose(self, seq, k, params, rng, n_vocab, noise=None):
         drafts = lookup(seq, k, self.max_ngram, self.min_ngram)
-        return drafts, (None if params.greedy else OneHotRows(drafts, n_vocab))
+        return drafts, (None if params.greedy or noise is not None else OneHotRows(drafts, n_vocab))
 
     def info(self) -> dict:
         return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}

@@ -5,13 +5,14 @@ With the drafter that drafts nothing (``PlainDecoding``) this is plain autoregre
 baseline and the speculative path share one sampler, one set of stop rules and one event stream.
 Greedy or sampled is decided once, by ``params.greedy``: it picks the default rule, whether the
 rule reads raw logit rows (the argmax; warping keeps it) or warped probabilities, and whether the
-drafter returns q.
+drafter returns q. The coupled sampler (``params.coupled``) is the greedy rule on rows perturbed by
+the noise of their output positions (sampling.PerturbedRows); the drafter gets the same noise.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +21,7 @@ from specmac.backends import BaseBackend
 from specmac.core.drafters import Drafter
 from specmac.core.policy import K_DEFAULT, FixedK, KPolicy
 from specmac.core.rejection import AcceptRule, accept_greedy, accept_sampled
-from specmac.core.sampling import SamplingParams, WarpedRows
+from specmac.core.sampling import GumbelNoise, PerturbedRows, SamplingParams, WarpedRows
 from specmac.errors import BadTokens, ContextOverflow
 from specmac.vocab import align_logits
 
@@ -56,13 +57,19 @@ class _Clock:
 
 def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[int], *,
                       params: SamplingParams, max_tokens: int, rng: np.random.Generator,
-                      k: int | KPolicy = K_DEFAULT, rule: AcceptRule | None = None) -> Iterator[Event]:
+                      k: int | KPolicy = K_DEFAULT, rule: AcceptRule | None = None, seed: int | None = None,
+                      noise: Callable[[int, int], GumbelNoise] | None = None) -> Iterator[Event]:
     """Generate up to max_tokens tokens after ``prompt`` (EOS is not emitted). ``rule`` replaces
-    the rejection rule (tests plant wrong rules here); it reads rows as ``params`` decides."""
+    the rejection rule (tests plant wrong rules here); it reads rows as ``params`` decides.
+    The coupled sampler keys its noise by ``seed`` (drawn from ``rng`` when None); ``noise``,
+    (seed, n_vocab) -> GumbelNoise, replaces its noise (tests plant wrong noise here)."""
     policy = FixedK(k) if isinstance(k, int) else k
-    greedy = params.greedy
-    rule = rule or (accept_greedy if greedy else accept_sampled)
+    greedy, coupled = params.greedy, params.coupled
+    rule = rule or (accept_greedy if greedy or coupled else accept_sampled)
     V, eos = target.vocab.size, target.vocab.eos_ids
+    if coupled:
+        key = int(rng.integers(2**63)) if seed is None else seed
+        gumbel = (noise or GumbelNoise)(key, V)
     seq, n_out = list(prompt), 0
     if not seq:
         raise BadTokens("the prompt is empty: give at least one token of text", param="prompt")
@@ -89,12 +96,18 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
                 return
             kk = max(0, min(policy.next_k(), max_tokens - n_out - 1, room, drafter.max_k(len(seq))))
             clock = _Clock()
-            drafts, q = drafter.propose(seq, kk, params, rng, V) if kk else ([], None)
+            step = gumbel.step(n_out) if coupled else None  # row i: output position n_out + i
+            extra = {"noise": step} if coupled else {}  # the rejection rule's drafters need no noise
+            drafts, q = drafter.propose(seq, kk, params, rng, V, **extra) if kk else ([], None)
             t_draft = clock.lap()
             logits = target.score([seq[-1], *drafts])  # [len(drafts) + 1, n_logits]
             t_target = clock.lap()
             rows = align_logits(logits, V)
-            a, nxt = rule(drafts, q, rows if greedy else WarpedRows(rows, params), rng)
+            if greedy:
+                view = rows
+            else:
+                view = PerturbedRows(rows, params, step) if coupled else WarpedRows(rows, params)
+            a, nxt = rule(drafts, q, view, rng)
             new = drafts[:a] + [nxt]
             kinds = ["accepted"] * a + ["corrected" if a < len(drafts) else "bonus" if drafts else "target"]
             stop = next((i for i, t in enumerate(new) if t in eos), None)

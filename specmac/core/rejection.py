@@ -6,6 +6,10 @@ and target distributions p_1..p_{K+1}:
     at the first rejection emit a sample of normalize(max(0, p_i - q_i)) and stop;
     if all K are accepted, emit a bonus sample of p_{K+1}.
 Every emitted token is then distributed exactly as the target's own sampling would be.
+
+Coupled sampler: p and q are rows perturbed by the same Gumbel noise (sampling.perturb), each
+draft is the draft's perturbed argmax, and verification is the greedy rule on the target's
+perturbed rows: every emitted token is the target's perturbed argmax, an exact sample of p.
 """
 
 from __future__ import annotations
@@ -55,3 +59,12 @@ def accept_greedy(drafts, q, p, rng=None) -> tuple[int, int]:
         if d != t:
             return i, t
     return len(drafts), int(np.argmax(p[len(drafts)]))
+
+
+def coupled_acceptance(p: np.ndarray, q: np.ndarray) -> float:
+    """P(argmax(log p + g) == argmax(log q + g)) for one shared Gumbel g [V]: the coupled
+    sampler's acceptance at one position, sum_i 1 / sum_j max(p_j / p_i, q_j / q_i) over the
+    ids with p_i, q_i > 0 (an exponential race; at least (1 - TV) / (1 + TV))."""
+    both = np.flatnonzero((p > 0) & (q > 0))
+    ratios = np.maximum(p[None, :] / p[both, None], q[None, :] / q[both, None])  # [n, V]
+    return float((1.0 / ratios.sum(axis=1)).sum())

@@ -1,7 +1,11 @@
-"""Sampling parameters and the logits -> warped-probabilities transform (numpy, float64).
+"""Sampling parameters, the logits -> warped-probabilities transform (numpy, float64), and the
+coupled sampler's per-position Gumbel noise.
 
 The *warped* distribution is what speculative decoding preserves, so the draft and the target go
-through exactly this function with the same parameters.
+through exactly this function with the same parameters. The coupled sampler (``sampler="coupled"``)
+takes at output position j the argmax of log p_j + g_j, with g_j Gumbel noise keyed by (seed, j)
+alone: an exact sample of p_j that the draft can reproduce with the same noise, so the text depends
+on the seed only, whatever drafted it (Daliri, Musco and Suresh, arXiv 2408.07978).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from specmac.errors import BadOption
 # below this, logits / temperature overflows float64 for ordinary logits and warp gives NaN rows;
 # temperature 0 (greedy) is the way to ask for the argmax
 MIN_TEMPERATURE = 1e-6
+SAMPLERS = ("rejection", "coupled")
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+    sampler: str = "rejection"
 
     def __post_init__(self) -> None:
         t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
@@ -39,10 +45,23 @@ class SamplingParams:
             raise BadOption(f"top_p {p!r} is out of range: use a number in (0, 1] (1 = off)", param="top_p")
         if not (isinstance(m, (int, float)) and 0 <= m < 1):
             raise BadOption(f"min_p {m!r} is out of range: use a number in [0, 1) (0 = off)", param="min_p")
+        if self.sampler not in SAMPLERS:
+            raise BadOption(f"sampler {self.sampler!r} is not a sampler: use one of {', '.join(SAMPLERS)}",
+                            param="sampler")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def coupled(self) -> bool:
+        """The coupled sampler at T > 0 (at T = 0 every sampler is plain greedy)."""
+        return self.sampler == "coupled" and not self.greedy
+
+    @property
+    def filtered(self) -> bool:
+        """Whether top-k, top-p or min-p cut the support."""
+        return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -110,3 +129,81 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     while probs[i] == 0:  # round-off can land past the last nonzero id; step back to it
         i -= 1
     return i
+
+
+# --- the coupled sampler -------------------------------------------------------------------
+
+_TINY_U = np.float32(2.0**-25)  # uniforms are multiples of 2**-24 in [0, 1); 0 would give g = +inf
+
+
+def gumbel(seed: int, j: int, n_vocab: int) -> np.ndarray:
+    """Gumbel noise g [n_vocab] (float32) of output position j, keyed by (seed, j) alone: a PCG64
+    stream seeded by SeedSequence((seed, j)), so any position is drawn without the ones before it.
+    g = -log(-log u), u uniform at float32 resolution (2**-24)."""
+    u = np.random.Generator(np.random.PCG64(np.random.SeedSequence((seed, j)))).random(n_vocab,
+                                                                                      dtype=np.float32)
+    np.maximum(u, _TINY_U, out=u)
+    np.log(u, out=u)
+    np.negative(u, out=u)
+    np.log(u, out=u)
+    return np.negative(u, out=u)
+
+
+def perturb(logits: np.ndarray, params: SamplingParams, g: np.ndarray) -> np.ndarray:
+    """log p + g up to a constant per row: logits / T + g [V] (float64), -inf outside the warped
+    support (top-k, top-p, min-p, masked ids). Its argmax is an exact sample of warp(logits)."""
+    x = np.asarray(logits, dtype=np.float64) / params.temperature
+    if params.filtered:
+        x = np.where(warp(logits, params) > 0, x, -np.inf)
+    return x + g
+
+
+class GumbelNoise:
+    """The coupled sampler's noise for one sequence: ``noise[j]`` is ``gumbel(seed, j, n_vocab)``,
+    drawn once and shared by the draft and the target. ``step(start)`` is the view of one step
+    (row i is position start + i) and forgets the positions before ``start``."""
+
+    def __init__(self, seed: int, n_vocab: int) -> None:
+        self.seed, self.n_vocab = int(seed), n_vocab
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        row = self._rows.get(j)
+        if row is None:
+            row = self._rows[j] = gumbel(self.seed, j, self.n_vocab)
+        return row
+
+    def step(self, start: int) -> StepNoise:
+        for j in [j for j in self._rows if j < start]:
+            del self._rows[j]
+        return StepNoise(self, start)
+
+
+@dataclass(frozen=True)
+class StepNoise:
+    """Row i of one step's noise: the noise of output position start + i."""
+
+    noise: GumbelNoise
+    start: int
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.noise[self.start + i]
+
+
+class PerturbedRows:
+    """``perturb(logits[i], params, noise[i])`` a row at a time, on first use (as WarpedRows): the
+    rows the greedy rule reads under the coupled sampler."""
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams, noise: StepNoise) -> None:
+        self.logits, self.params, self.noise = logits, params, noise
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        i = range(len(self.logits))[i]
+        row = self._rows.get(i)
+        if row is None:
+            row = self._rows[i] = perturb(self.logits[i], self.params, self.noise[i])
+        return row

@@ -29,7 +29,7 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _rows_at(pair: Pair, full: list[int], start: int, at: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+def rows_at(pair: Pair, full: list[int], start: int, at: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """The target's logits [V] for the token at index ``at`` of ``full``: (serial, batched).
     Serial: prompt prefill then one-token passes, as plain decoding runs. Batched: the pass
     of the speculative step that began at index ``start``, ``width`` tokens wide (causal, so the
@@ -50,6 +50,17 @@ def _rows_at(pair: Pair, full: list[int], start: int, at: int, width: int) -> tu
     return serial.astype(np.float64), batched.astype(np.float64)
 
 
+def step_of(events: Sequence, i: int) -> tuple[int, int]:
+    """The speculative step that emitted output token i (or would have, past the end): its first
+    output index and the width of its target pass."""
+    step_start = 0
+    for e in events:
+        if step_start + len(e.tokens) > i or e is events[-1]:
+            return step_start, e.n_drafted + 1
+        step_start += len(e.tokens)
+    return step_start, 1
+
+
 def diagnose(pair: Pair, prompt: Sequence[int], *, k: int, max_tokens: int) -> dict:
     """Greedy speculative and plain continuations of ``prompt``; where they part, the
     target's top-2 logit gap there and the batched-vs-serial logit difference at that point."""
@@ -59,17 +70,11 @@ def diagnose(pair: Pair, prompt: Sequence[int], *, k: int, max_tokens: int) -> d
     i = first_difference(spec, base)
     if i is None:
         return {"match": True}
-    # the speculative step that emitted token i: its first output index and its pass width
-    step_start, width = 0, 1
-    for e in events:
-        if step_start + len(e.tokens) > i or e is events[-1]:
-            width = e.n_drafted + 1
-            break
-        step_start += len(e.tokens)
+    step_start, width = step_of(events, i)
     P = len(prompt)
     # both continuations agree before i; pad the batch with the speculative tokens after i
     full = list(prompt) + spec[: i] + (spec[i:] + base[i:] + [0] * width)[: width]
-    serial, batched = _rows_at(pair, full, P + step_start, P + i, width)
+    serial, batched = rows_at(pair, full, P + step_start, P + i, width)
     top2 = np.sort(serial)[-2:]
     gap, delta = float(top2[1] - top2[0]), float(np.max(np.abs(batched - serial)))
     near_tie = bool(gap <= delta)
