@@ -76,15 +76,21 @@ def _read_stdin() -> str:
     return _decode(stream.read(MAX_PROMPT_BYTES + 1), "stdin")
 
 
-def _read_text(path: str) -> str:
+def read_prediction(path: str) -> str:
+    """--prediction FILE: strict UTF-8 like a prompt file, without a leading BOM."""
+    text = _read_text(path, "--prediction")
+    return text[1:] if text[:1] == "\ufeff" else text
+
+
+def _read_text(path: str, flag: str = "--prompt-file") -> str:
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_PROMPT_BYTES + 1)
     except FileNotFoundError:
-        raise SpecmacError(f"--prompt-file {path} does not exist: check the path") from None
+        raise SpecmacError(f"{flag} {path} does not exist: check the path") from None
     except OSError as e:
-        raise SpecmacError(f"cannot read --prompt-file {path}: {e.strerror}") from None
-    return _decode(data, f"--prompt-file {path}")
+        raise SpecmacError(f"cannot read {flag} {path}: {e.strerror}") from None
+    return _decode(data, f"{flag} {path}")
 
 
 # --- streaming text --------------------------------------------------------------------------
@@ -181,11 +187,13 @@ def summarize(events: list[Event], k: KPolicy | None, speculative: bool,
 
 
 def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_tokens: int, seed: int,
-        baseline: bool, as_json: bool, color: bool, meta: dict) -> int:
+        baseline: bool, as_json: bool, color: bool, meta: dict, prediction: str | None = None) -> int:
     """Stream one generation (and optionally the baseline); return the exit status."""
     ids = pair.encode(prompt)
     out = TextStream(pair.target.decode, color)
-    need_legend = [color and pair.speculative]
+    predicted = pair.prediction_drafter(prediction) if prediction is not None else None
+    speculative = pair.speculative or predicted is not None
+    need_legend = [color and speculative]
 
     def show(event: Event) -> None:
         if need_legend[0]:  # on the first event: the loop's own checks (prompt length) have passed
@@ -195,13 +203,15 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_toke
 
     t0 = time.perf_counter()
     events, interrupted = generate_events(pair, ids, None if as_json else show, params=params,
-                                          max_tokens=max_tokens, k=k, seed=seed)
+                                          max_tokens=max_tokens, k=k, seed=seed, prediction=predicted)
     wall = time.perf_counter() - t0
     token_ids = [t for e in events for t in e.tokens]
-    stats, sd = summarize(events, k, pair.speculative, interrupted)
+    stats, sd = summarize(events, k, speculative, interrupted)
     result = {"prompt": prompt, "n_prompt_tokens": len(ids), "text": pair.target.decode(token_ids),
               "token_ids": token_ids, **sd, "wall_seconds": wall, "sampling": params.to_dict(),
               "seed": seed, **pair.info(), **meta}
+    if predicted is not None:
+        result["prediction"] = {**predicted.usage(), "prediction_tokens": len(predicted.pred)}
     if isinstance(k, AdaptiveK):  # what it learned and the K it chose
         result["k_policy"] = k.info()
     if baseline and not interrupted:
@@ -217,7 +227,7 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_toke
         else:
             out.finish(token_ids)
             click.echo("")
-            for line in stats_block(result, pair.speculative):
+            for line in stats_block(result, speculative):
                 click.echo(line, err=True)
     return EXIT_INTERRUPTED if interrupted else 0
 
@@ -262,6 +272,10 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
     lines.append(f"time: draft {_pct(ts['draft'], total)}  verify {_pct(ts['verify'], total)}  "
                  f"other {_pct(ts['other'], total)}  (prompt prefill {r['prefill_seconds']:.2f} s, "
                  "not counted)")
+    if "prediction" in r:
+        pr = r["prediction"]
+        lines.append(f"prediction: {pr['accepted_prediction_tokens']} of {pr['prediction_tokens']} tokens "
+                     f"accepted, {pr['rejected_prediction_tokens']} rejected")
     if "baseline" in r:
         b, sp = r["baseline"], r["speedup"]
         btps = b["tokens_per_second"]

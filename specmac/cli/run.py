@@ -32,12 +32,15 @@ from specmac.cli.app import (
               help="Stop after N generated tokens (or at EOS, or at the context window).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False),
               help="Read the prompt from a file ('-' = stdin).")
+@click.option("--prediction", "prediction_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Text expected back (OpenAI's Predicted Outputs: e.g. the file being edited), drafted "
+                   "from where the output reaches it; with --draft, that draft drafts elsewhere.")
 @click.option("--chat", is_flag=True, help="Apply the target's chat template, if it has one.")
 @click.option("--baseline", is_flag=True, help="Also run target-only decoding and print the speedup.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--color/--no-color", "color", default=None,
               help="Colour the tokens by origin (default: on a terminal, unless NO_COLOR is set).")
-def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color, **kw):
+def run(prompt, k_text, max_tokens, prompt_file, prediction_file, chat, baseline, as_json, color, **kw):
     """Generate from PROMPT (or --prompt-file, or stdin) with speculative decoding.
 
     On a terminal the text streams in colour: green tokens are accepted drafts, red ones the
@@ -46,17 +49,19 @@ def run(prompt, k_text, max_tokens, prompt_file, chat, baseline, as_json, color,
     from specmac.cli import render as cli_render
 
     prompt = cli_render.read_prompt(prompt, prompt_file)
+    prediction = cli_render.read_prediction(prediction_file) if prediction_file else None
     k = parse_k(k_text)  # everything is validated before any model loads
     params = sampling_params(kw)
-    if baseline and kw["draft"] == "none":
-        raise UserError("--baseline compares speculative with target-only decoding: add --draft BACKEND")
+    if baseline and kw["draft"] == "none" and not prediction_file:
+        raise UserError("--baseline compares speculative with target-only decoding: add --draft BACKEND "
+                        "(or --prediction FILE)")
     pair = load_pair(kw)
     policy = pair.policy(k, max_tokens)  # "auto" measures the pair's pass costs here, before the first token
     if chat:
         prompt = pair.target.apply_chat_template(prompt)
     code = cli_render.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],
                       baseline=baseline, as_json=as_json, color=use_color(color, as_json),
-                      meta={"command": " ".join(["specmac", *sys.argv[1:]])})
+                      meta={"command": " ".join(["specmac", *sys.argv[1:]])}, prediction=prediction)
     sys.exit(code)
 
 
