@@ -142,7 +142,7 @@ class TorchBackend(BaseBackend):
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids])
 
-    def apply_chat_template(self, prompt: str) -> str:
+    def apply_chat_template(self, prompt) -> str:
         return hf.apply_chat_template(self.tokenizer, prompt)
 
 
