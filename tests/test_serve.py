@@ -257,3 +257,41 @@ def test_sigterm_drains_and_exits_0():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- pieces without a server ----------------------------------------------------------------
+
+def test_chat_messages_reach_the_template_or_the_fallback(client, pair):
+    from specmac.backends.synthetic import SyntheticBackend
+    from specmac.core.drafters import NoDraft
+    from specmac.serve.metrics import Metrics
+    from specmac.serve.schema import parse
+    from specmac.serve.text import fallback_chat
+    from specmac.serve.worker import Worker
+
+    msgs = [{"role": "system", "content": "ab"}, {"role": "user", "content": "cd"},
+            {"role": "assistant", "content": "ef"}, {"role": "user", "content": "gh"}]
+
+    class Templated(SyntheticBackend):
+        def apply_chat_template(self, prompt):
+            return " ".join(m["content"] for m in prompt)
+
+    w = Worker(Pair(Templated(vocab_size=30), NoDraft()), k=1, queue_size=1, metrics=Metrics())
+    req = parse({"model": "m", "messages": msgs}, chat=True, model_id="m")
+    assert w.chat_template and w.pair.target.decode(w.prompt_ids(req)) == "ab cd ef gh"
+    out = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2)
+    assert out.usage.prompt_tokens == len(pair.encode(fallback_chat(msgs)))  # the embedded pair has none
+    assert fallback_chat(msgs).endswith("user: gh\nassistant:")
+
+
+def test_text_out_holds_back_partial_characters_and_stop_prefixes():
+    from specmac.serve.text import TextOut
+
+    pieces = {0: b"a", 1: "é".encode()[:1], 2: "é".encode()[1:], 3: b"S", 4: b"T", 5: b"x"}
+    out = TextOut(lambda ids: b"".join(pieces[i] for i in ids).decode(errors="replace"), stops=["STOP", "Tx"])
+    assert out.push([0, 1]) == "a"  # half a character waits
+    assert out.push([2]) == "é"
+    assert out.push([3]) == ""  # "S" may begin "STOP"
+    assert out.push([4]) == ""  # "ST" too, and "T" may begin "Tx"
+    assert out.push([5]) == "S" and out.stopped  # "Tx" found: cut before it
+    assert out.text == "aéS"
