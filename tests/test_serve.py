@@ -221,9 +221,25 @@ def test_disconnect_mid_stream_leaves_caches_consistent(url, client, caplog):
         time.sleep(0.5)
         assert client.completions.create(**kw).choices[0].text == before
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert cancelled(url) >= 1
+
+
+def cancelled(url: str) -> float:
     metrics = httpx.get(url.removesuffix("/v1") + "/metrics").text
-    cancelled = [ln for ln in metrics.splitlines() if ln.startswith("specmac_cancelled_requests_total")]
-    assert float(cancelled[0].split()[-1]) >= 1
+    return float(next(ln for ln in metrics.splitlines() if ln.startswith("specmac_cancelled_requests_total"))
+                 .split()[-1])
+
+
+def test_disconnect_while_waiting_for_a_whole_answer(url, client):
+    before = cancelled(url)
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 480, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(url + "/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
+    deadline = time.monotonic() + 30
+    while cancelled(url) == before:  # polled every 0.25 s, then stopped at the next step
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
 
 
 def test_sigterm_drains_and_exits_0():
