@@ -230,6 +230,58 @@ def figure(record: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def readme(record: dict, command: str) -> str:
+    """results/serve/README.md: the command, what was measured, the tables."""
+    ov, ed, ld = record["overhead"], record["edit"], record["load"]
+    prov = record["provenance"]
+    lines = ["# specmac serve on the real Qwen pair (Q4_K_M GGUF target)", "", "```bash", command, "```", "",
+             f"Target `{TARGET}`, draft `{DRAFT}` (gguf backend, 2 threads each), greedy. "
+             f"{record['settings']['rounds']} rounds after a discarded warm-up of each configuration, "
+             "interleaved; medians with [min, max] over runs. tokens/s is end to end, as a client sees "
+             "it: request sent to last token, prompt processing included, for the server and for the "
+             f"library alike. git {prov.get('git_sha')}, {prov.get('utc')}; 2-core CPU shared with other "
+             "work (load average about 4), so absolute numbers move between runs.", "",
+             "## Overhead: the server against the library's own loop, same configuration", "",
+             f"Chat prompts, {record['settings']['max_tokens']} tokens; the server's text equals the "
+             f"library's: {ov['server_text_equals_library']}.", "",
+             "| configuration | server tokens/s | library tokens/s | server / library |", "|---|---|---|---|"]
+    rows = ov["rows"]
+    for name in dict.fromkeys(n.split(": ")[0] for n in rows):
+        s, lib = rows[f"{name}: server"], rows[f"{name}: library"]
+        lines.append(f"| {name} | {_cell(s)} | {_cell(lib)} | "
+                     f"{s['tokens_per_second'] / lib['tokens_per_second']:.3f} |")
+    plain = ed["rows"]["llama_cpp.server, plain"] if "llama_cpp.server, plain" in ed["rows"] else \
+        ed["rows"]["specmac, target only"]
+    lines += ["", f"## Code edit: `{ed['file']}` ({ed['file_lines']} lines), {ed['change']}, the file as "
+              "`prediction`", "",
+              f"The prompt asks for the whole file back; the prediction is the file in a ```python fence. "
+              f"Renamed in every specmac answer: {ed['renamed']}. Speed-up against the fastest plain "
+              "decoder of the same file measured here (llama_cpp.server plain where it ran).", "",
+              "| server, configuration | tokens/s | vs plain | tokens | target passes "
+              "| time to first text (s) | accepted / rejected prediction tokens | text = target only |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, r in ed["rows"].items():
+        spec, det = r.get("speculative") or {}, r.get("completion_tokens_details") or {}
+        pred = (f"{det.get('accepted_prediction_tokens')} / {det.get('rejected_prediction_tokens')}"
+                if "prediction" in name else "-")
+        lines.append(f"| {name} | {_cell(r)} | {r['tokens_per_second'] / plain['tokens_per_second']:.2f}x | "
+                     f"{r['tokens']:.0f} | {spec.get('target_passes', '-')} | {r['ttft_s']:.2f} | {pred} | "
+                     f"{r['text_equals_target_only']} |")
+    lines += ["", "## Load test", "", "| server | clients x requests | completed | refused (503) "
+              "| latency p50 / p95 (s) | throughput tokens/s |", "|---|---|---|---|---|---|"]
+    for name, r in ld.items():
+        lines.append(f"| {name} | {r['clients']} x {r['requests'] // r['clients']} | {r['completed']} | "
+                     f"{r['refused']} | {r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
+                     f"{r['throughput_tokens_per_second']:.1f} |")
+    if "llama_cpp_server" in record:
+        lines += ["", f"llama_cpp.server: {record['llama_cpp_server']}"]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(r: dict) -> str:
+    return f"{r['tokens_per_second']:.1f} [{r['min']:.1f}, {r['max']:.1f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models-dir", default=os.environ.get("SPECMAC_MODELS", "/work/models"))
@@ -251,6 +303,7 @@ def main() -> None:
     record["overhead"] = overhead(spec, pair, args.rounds, args.max_tokens, args.k)
     peers = {"specmac, target only": (plain, {"speculative": {"k": 0}}),
              "specmac, prediction (K auto)": (plain, {}),
+             "specmac, prediction (K=32)": (plain, {"speculative": {"k": 32}}),
              f"specmac, prediction + 0.5B draft (K={args.k})": (spec, {})}
     closers = []
     try:
@@ -277,6 +330,8 @@ def main() -> None:
         spec.close()
     write_json(out / "serve.json", record)
     figure(record, out / "serve.png")
+    (out / "README.md").write_text(readme(record, "flock /tmp/specmac-bench.lock python bench/serve.py "
+                                                  + " ".join(sys.argv[1:])))
     print(json.dumps({k: v for k, v in record.items() if k != "provenance"}, indent=1, default=str))
 
 
