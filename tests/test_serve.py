@@ -311,3 +311,10 @@ def test_text_out_holds_back_partial_characters_and_stop_prefixes():
     assert out.push([4]) == ""  # "ST" too, and "T" may begin "Tx"
     assert out.push([5]) == "S" and out.stopped  # "Tx" found: cut before it
     assert out.text == "aéS"
+
+
+def test_loopback_is_told_apart():
+    from specmac.serve.server import is_loopback
+
+    assert all(map(is_loopback, ["127.0.0.1", "127.1.2.3", "::1", "localhost"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "192.168.1.2", "example.com"]))
