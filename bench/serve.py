@@ -301,6 +301,7 @@ def main() -> None:
     record = {"provenance": provenance(models=[target, draft]), "settings": vars(args)}
     print("overhead ...", flush=True)
     record["overhead"] = overhead(spec, pair, args.rounds, args.max_tokens, args.k)
+    write_json(out / "serve.json", record)  # after each part, so that a run cut short keeps what it measured
     peers = {"specmac, target only": (plain, {"speculative": {"k": 0}}),
              "specmac, prediction (K auto)": (plain, {}),
              "specmac, prediction (K=32)": (plain, {"speculative": {"k": 32}}),
@@ -320,6 +321,7 @@ def main() -> None:
     try:
         print("edit ...", flush=True)
         record["edit"] = edit(peers, args.rounds, args.edit_max_tokens)
+        write_json(out / "serve.json", record)
         print("load ...", flush=True)
         n = args.load_requests
         record["load"] = {"specmac, target only": load_test(plain, 4, n, 32, {"speculative": {"k": 0}})}
