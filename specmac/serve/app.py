@@ -170,13 +170,18 @@ def create_app(worker: Worker, *, model_id: str, api_key: str | None = None, max
             job.cancel.set()
 
     async def next_item(job: Job, request: Request) -> tuple:
+        """The worker's next item; every POLL_S (also while items keep coming) the client is checked."""
         while True:
+            now = time.monotonic()
+            if now - job.checked >= POLL_S:
+                job.checked = now
+                if await request.is_disconnected():
+                    job.cancel.set()
+                    raise ClientGone()
             try:
                 return await asyncio.wait_for(job.items.get(), timeout=POLL_S)
             except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    job.cancel.set()
-                    raise ClientGone() from None
+                pass
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)

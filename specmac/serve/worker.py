@@ -38,6 +38,7 @@ class Job:
         self.items: asyncio.Queue = asyncio.Queue()
         self.cancel = threading.Event()
         self.t0 = time.perf_counter()
+        self.checked = time.monotonic()  # when the route last checked that the client is still there
 
     def put(self, *item: Any) -> None:
         """From the worker thread: hand an item to the request's coroutine."""
