@@ -17,6 +17,7 @@ from specmac.backends import BaseBackend, load_backend
 from specmac.core.drafters import Drafter, PlainDecoding, check_draft_args, load_drafter
 from specmac.core.loop import Event, speculative_steps
 from specmac.core.policy import K_DEFAULT, K_LIMIT, FixedK, KPolicy
+from specmac.core.prediction import PredictionDrafter
 from specmac.core.rejection import AcceptRule
 from specmac.core.runstats import RunStats
 from specmac.core.sampling import SamplingParams
@@ -31,10 +32,14 @@ class Generation:
     token_ids: list[int]
     stats: RunStats
     speculative: bool
+    prediction: dict | None = None  # accepted/rejected prediction tokens, with a prediction
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids,
-                **self.stats.to_dict(speculative=self.speculative)}
+        out = {"text": self.text, "token_ids": self.token_ids,
+               **self.stats.to_dict(speculative=self.speculative)}
+        if self.prediction is not None:
+            out["prediction"] = self.prediction
+        return out
 
 
 class Pair:
@@ -86,31 +91,67 @@ class Pair:
     def _resolve(self, k: int | str | KPolicy, max_tokens: int | None) -> KPolicy:
         return self.timed_auto_policy(max_tokens) if isinstance(k, str) and k == "auto" else self.policy(k)
 
+    def prediction_drafter(self, prediction: str | Sequence[int]) -> PredictionDrafter:
+        """A drafter for one generation that proposes ``prediction`` (the text expected back: OpenAI's
+        Predicted Outputs) where the output has reached it, and this pair's drafter elsewhere."""
+        if isinstance(prediction, str):
+            ids = self.target.encode(prediction)
+            if ids and ids[0] == self.target.vocab.bos_id:  # an output never starts with BOS
+                ids = ids[1:]
+        else:
+            ids = [int(t) for t in prediction]
+            if ids and not 0 <= min(ids) <= max(ids) < self.target.vocab.size:
+                raise BadOption(f"prediction: token ids must be in [0, {self.target.vocab.size})",
+                                param="prediction")
+        return PredictionDrafter(ids, fallback=self.drafter)
+
     def stream(self, prompt: str | Sequence[int], *, params: SamplingParams | None = None,
                max_tokens: int = MAX_TOKENS, k: int | str | KPolicy = K_DEFAULT, seed: int = 0,
-               rule: AcceptRule | None = None, noise: Callable | None = None) -> Iterator[Event]:
+               rule: AcceptRule | None = None, noise: Callable | None = None,
+               prediction: str | Sequence[int] | PredictionDrafter | None = None) -> Iterator[Event]:
         """k: drafts per step, "auto" (adaptive, from the cost model), or a policy object. Under
         ``params.sampler == "coupled"`` the text depends on ``seed`` alone, whatever the drafter
-        and K; ``rule`` and ``noise`` plant wrong variants (tests)."""
+        and K. prediction: text (or ids) expected back, drafted from where the output reaches it;
+        pass a ``prediction_drafter`` to read its accepted/rejected counts afterwards. ``rule`` and
+        ``noise`` plant wrong variants (tests)."""
         check_max_tokens(max_tokens)
         check_seed(seed)
+        drafter = self.drafter
+        if prediction is not None:
+            drafter = prediction if isinstance(prediction, PredictionDrafter) else \
+                self.prediction_drafter(prediction)
         policy = self._resolve(k, max_tokens)
-        return speculative_steps(self.target, self.drafter, self.encode(prompt),
-                                 params=params or SamplingParams(), max_tokens=max_tokens,
-                                 rng=np.random.default_rng(seed), k=policy, rule=rule, seed=seed,
-                                 noise=noise)
+        steps = speculative_steps(self.target, drafter, self.encode(prompt),
+                                  params=params or SamplingParams(), max_tokens=max_tokens,
+                                  rng=np.random.default_rng(seed), k=policy, rule=rule, seed=seed,
+                                  noise=noise)
+        return _settled(steps, drafter) if isinstance(drafter, PredictionDrafter) else steps
 
     def generate(self, prompt: str | Sequence[int], **kw) -> Generation:
         policy = self._resolve(kw.pop("k", K_DEFAULT), kw.get("max_tokens", MAX_TOKENS))
         stats = RunStats(k=policy.k if isinstance(policy, FixedK) else getattr(policy, "label", "auto"))
+        prediction = kw.pop("prediction", None)
+        if prediction is not None and not isinstance(prediction, PredictionDrafter):
+            prediction = self.prediction_drafter(prediction)
         ids: list[int] = []
-        for event in self.stream(prompt, k=policy, **kw):
+        for event in self.stream(prompt, k=policy, prediction=prediction, **kw):
             stats.add(event)
             ids += event.tokens
-        return Generation(self.target.decode(ids), ids, stats, self.speculative)
+        return Generation(self.target.decode(ids), ids, stats, self.speculative or prediction is not None,
+                          prediction.usage() if prediction is not None else None)
 
     def info(self) -> dict:
         return {"target": self.target.info(), "draft": self.drafter.info()}
+
+
+def _settled(steps: Iterator[Event], drafter: PredictionDrafter) -> Iterator[Event]:
+    """The events, each first told to the prediction drafter (its accepted/rejected counts)."""
+    try:
+        for event in steps:
+            drafter.settle(event.n_drafted, event.n_accepted)
+            yield event
+    finally:  # a consumer that stops early closes this generator: close the loop's too (its finally)
+        steps.close()
 
 
 def check_k(k: Any) -> int | str:

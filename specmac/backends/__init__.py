@@ -172,8 +172,9 @@ class BaseBackend:
         """Append tokens; the logits of the last one [n_logits] (a backend may skip the others)."""
         return self.score(tokens)[-1]
 
-    def apply_chat_template(self, prompt: str) -> str:
-        """One user turn through the model's chat template, ready for generation."""
+    def apply_chat_template(self, prompt: str | Sequence[dict]) -> str:
+        """One user turn (a string) or a conversation ([{"role", "content"}, ...]) through the
+        model's chat template, ready for the assistant's turn."""
         raise SpecmacError(f"chat: the {self.name} backend cannot apply a chat template: give the prompt "
                            "without one", param="chat")
 
@@ -247,6 +248,11 @@ class BaseBackend:
         return {"backend": self.name, "model": self.model_id, "library": self.library,
                 "library_version": library_version(self.library), "n_ctx": self.n_ctx,
                 "options": dict(getattr(self, "resolved", {})), "vocab": self.vocab.to_dict()}
+
+
+def chat_messages(prompt: str | Sequence[dict]) -> list[dict]:
+    """A string is one user turn; a list of messages is taken as it is."""
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
 
 
 def library_version(dist: str) -> str | None:

@@ -9,6 +9,7 @@ target on the GPU can share one process without touching mlx's global default de
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -69,7 +70,7 @@ class MLXBackend(hf.HFFolderMixin, BaseBackend):
         on_gpu = dev.type == mx.gpu
         dtype = dtype or ("float16" if on_gpu else "float32")
         source, converted = hf.resolve(model, role, dtype)
-        self._stream = mx.new_stream(dev)
+        self._device, self._local = dev, threading.local()
         self.model, wrapper = load_mlx(source)
         folder = Path(source) if Path(source).is_dir() else hf_repo_to_path(source)
         cfg = read_config(folder)
@@ -106,7 +107,7 @@ class MLXBackend(hf.HFFolderMixin, BaseBackend):
     def score(self, tokens: Sequence[int]) -> np.ndarray:
         """One forward pass over ``tokens`` appended to the cache: float32 [len(tokens), n_logits]."""
         tokens = self.check_tokens(tokens, self._n_embed)
-        with mx.stream(self._stream):
+        with mx.stream(self._stream()):
             logits = self.model(mx.array([tokens]), cache=self._cache)[0].astype(mx.float32)
             mx.eval(logits)
         self._n_past += len(tokens)
@@ -129,7 +130,15 @@ class MLXBackend(hf.HFFolderMixin, BaseBackend):
         self._n_past = 0
 
     def sync(self) -> None:
-        mx.synchronize(self._stream)
+        mx.synchronize(self._stream())
+
+    def _stream(self):
+        """This backend's stream on the calling thread: mlx streams belong to the thread that made
+        them, and a server's worker thread uses a pair loaded on the main thread."""
+        stream = getattr(self._local, "stream", None)
+        if stream is None:  # thread-local, not keyed by thread id: a new thread can reuse an old one's id
+            stream = self._local.stream = mx.new_stream(self._device)
+        return stream
 
     def encode(self, text: str) -> list[int]:
         # as mlx_lm.generate: add BOS unless the text (e.g. from a chat template) starts with it
@@ -139,7 +148,7 @@ class MLXBackend(hf.HFFolderMixin, BaseBackend):
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def apply_chat_template(self, prompt: str) -> str:
+    def apply_chat_template(self, prompt) -> str:
         return hf.apply_chat_template(self.tokenizer, prompt)
 
 

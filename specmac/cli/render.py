@@ -55,6 +55,10 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
     lines.append(f"time: draft {_pct(ts['draft'], total)}  verify {_pct(ts['verify'], total)}  "
                  f"other {_pct(ts['other'], total)}  (prompt prefill {r['prefill_seconds']:.2f} s, "
                  "not counted)")
+    if "prediction" in r:
+        pr = r["prediction"]
+        lines.append(f"prediction: {pr['accepted_prediction_tokens']} of {pr['prediction_tokens']} tokens "
+                     f"accepted, {pr['rejected_prediction_tokens']} rejected")
     if "baseline" in r:
         b, sp = r["baseline"], r["speedup"]
         btps = b["tokens_per_second"]

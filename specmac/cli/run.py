@@ -38,28 +38,34 @@ from specmac.core.policy import K_DEFAULT
               help="Stop after N generated tokens (or at EOS, or at the context window).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False),
               help="Read the prompt from a file ('-' = stdin).")
+@click.option("--prediction", "prediction_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Text expected back (OpenAI's Predicted Outputs: e.g. the file being edited), drafted "
+                   "from where the output reaches it; with --draft, that draft drafts elsewhere.")
 @click.option("--chat", is_flag=True, help="Apply the target's chat template, if it has one.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding and print the speedup.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--color/--no-color", "color", default=None,
               help="Colour the tokens by origin (default: on a terminal, unless NO_COLOR is set).")
-def run(prompt, k_text, remeasure, max_tokens, prompt_file, chat, baseline, as_json, color, **kw):
+def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, chat, baseline, as_json, color,
+        **kw):
     """Generate from PROMPT (or --prompt-file, or stdin) with speculative decoding.
 
     On a terminal the text streams in colour: green tokens are accepted drafts, red ones the
     target's corrections, cyan ones bonus tokens. A stats block follows on stderr.
     """
     from specmac.cli import runner
-    from specmac.cli.textin import read_prompt
+    from specmac.cli.textin import read_prediction, read_prompt
 
     prompt = read_prompt(prompt, prompt_file)
+    prediction = read_prediction(prediction_file) if prediction_file else None
     k = parse_k(k_text)  # everything is validated before any model loads
     params = sampling_params(kw)
-    if baseline and kw["draft"] == "none":
-        raise UserError("--baseline compares speculative with plain decoding: add --draft BACKEND")
-    if k == "auto" and kw["draft"] == "none":
+    if baseline and kw["draft"] == "none" and not prediction_file:
+        raise UserError("--baseline compares speculative with plain decoding: add --draft BACKEND "
+                        "(or --prediction FILE)")
+    if k == "auto" and kw["draft"] == "none" and not prediction_file:
         raise UserError("--k auto chooses how many drafts to verify, and --draft none makes none: add "
-                        "--draft BACKEND (or --draft ngram), or drop --k")
+                        "--draft BACKEND (or --draft ngram, or --prediction FILE), or drop --k")
     if remeasure and k != "auto":
         raise UserError("--remeasure re-measures the pass costs that --k auto uses: add --k auto or drop it")
     if remeasure:
@@ -71,7 +77,7 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, chat, baseline, as_j
         prompt = pair.target.apply_chat_template(prompt)
     code = runner.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],
                       baseline=baseline, as_json=as_json, color=use_color(color, as_json),
-                      meta={"command": " ".join(["specmac", *sys.argv[1:]])})
+                      meta={"command": " ".join(["specmac", *sys.argv[1:]])}, prediction=prediction)
     sys.exit(code)
 
 

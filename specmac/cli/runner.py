@@ -113,11 +113,13 @@ def summarize(events: list[Event], k: KPolicy | None, speculative: bool,
 
 
 def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_tokens: int, seed: int,
-        baseline: bool, as_json: bool, color: bool, meta: dict) -> int:
+        baseline: bool, as_json: bool, color: bool, meta: dict, prediction: str | None = None) -> int:
     """Stream one generation (and optionally the baseline); return the exit status."""
     ids = pair.encode(prompt)
     out = TextStream(pair.target.decode, color)
-    need_legend = [color and pair.speculative]
+    predicted = pair.prediction_drafter(prediction) if prediction is not None else None
+    speculative = pair.speculative or predicted is not None
+    need_legend = [color and speculative]
 
     def show(event: Event) -> None:
         if need_legend[0]:  # on the first event: the loop's own checks (prompt length) have passed
@@ -127,13 +129,15 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_toke
 
     t0 = time.perf_counter()
     events, interrupted = generate_events(pair, ids, None if as_json else show, params=params,
-                                          max_tokens=max_tokens, k=k, seed=seed)
+                                          max_tokens=max_tokens, k=k, seed=seed, prediction=predicted)
     wall = time.perf_counter() - t0
     token_ids = [t for e in events for t in e.tokens]
-    stats, sd = summarize(events, k, pair.speculative, interrupted)
+    stats, sd = summarize(events, k, speculative, interrupted)
     result = {"prompt": prompt, "n_prompt_tokens": len(ids), "text": pair.target.decode(token_ids),
               "token_ids": token_ids, **sd, "wall_seconds": wall, "sampling": params.to_dict(),
               "seed": seed, **pair.info(), **meta}
+    if predicted is not None:
+        result["prediction"] = {**predicted.usage(), "prediction_tokens": len(predicted.pred)}
     if isinstance(k, AdaptiveK):  # what it learned and the K it chose
         result["k_policy"] = k.info()
     if baseline and not interrupted:
@@ -149,7 +153,7 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_toke
         else:
             out.finish(token_ids)
             click.echo("")
-            for line in stats_block(result, pair.speculative):
+            for line in stats_block(result, speculative):
                 click.echo(line, err=True)
     return EXIT_INTERRUPTED if interrupted else 0
 

@@ -56,15 +56,21 @@ def _read_stdin() -> str:
     return _decode(stream.read(MAX_PROMPT_BYTES + 1), "stdin")
 
 
-def _read_text(path: str) -> str:
+def read_prediction(path: str) -> str:
+    """--prediction FILE: strict UTF-8 like a prompt file, without a leading BOM."""
+    text = _read_text(path, "--prediction")
+    return text[1:] if text[:1] == "\ufeff" else text
+
+
+def _read_text(path: str, flag: str = "--prompt-file") -> str:
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_PROMPT_BYTES + 1)
     except FileNotFoundError:
-        raise SpecmacError(f"--prompt-file {path} does not exist: check the path") from None
+        raise SpecmacError(f"{flag} {path} does not exist: check the path") from None
     except OSError as e:
-        raise SpecmacError(f"cannot read --prompt-file {path}: {e.strerror}") from None
-    return _decode(data, f"--prompt-file {path}")
+        raise SpecmacError(f"cannot read {flag} {path}: {e.strerror}") from None
+    return _decode(data, f"{flag} {path}")
 
 
 # --- streaming text --------------------------------------------------------------------------

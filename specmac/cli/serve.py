@@ -1,0 +1,87 @@
+"""`specmac serve`: an OpenAI-compatible server over one pair (attached to the main group on import)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import click
+
+from specmac.cli.app import UserError, load_pair, main, pair_options, parse_k
+
+
+@main.command()
+@pair_options
+@click.option("--k", "k_text", default="auto", show_default=True, metavar="K|auto",
+              help="Drafts per step unless a request says otherwise ({\"speculative\": {\"k\": ...}}).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; anything but loopback should have --api-key.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port (0: a free one, printed).")
+@click.option("--queue-size", type=click.IntRange(min=1), default=16, show_default=True, metavar="N",
+              help="Requests that may wait for the worker; more get 503 with Retry-After.")
+@click.option("--api-key", envvar="SPECMAC_API_KEY", metavar="KEY",
+              help="Require 'Authorization: Bearer KEY' (or set SPECMAC_API_KEY).")
+@click.option("--model-name", metavar="NAME",
+              help="The model id clients send (default: the target file's name).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def serve(k_text, host, port, queue_size, api_key, model_name, log_level, **kw):
+    """Serve the pair over OpenAI's API: /v1/chat/completions, /v1/completions, /v1/models,
+    /health and /metrics, with per-request "speculative" and "prediction" (Predicted Outputs).
+
+    \b
+    specmac serve --target gguf --target-model qwen-1.5b.gguf --draft gguf --draft-model qwen-0.5b.gguf
+    curl -s localhost:8000/v1/chat/completions -d '{"model": "...", "messages": [...]}'
+
+    See docs/serve.md for the fields supported and refused. SIGTERM finishes the requests in
+    flight, refuses new ones and exits 0.
+    """
+    try:
+        from specmac.serve import server
+    except ModuleNotFoundError as e:
+        raise UserError(f"specmac serve needs {e.name}: pip install 'specmac[serve]'") from None
+
+    k = parse_k(k_text)
+    if api_key is not None and not api_key.strip():
+        raise UserError("--api-key is empty: give a key, or leave it (and SPECMAC_API_KEY) unset")
+    logging.basicConfig(level=getattr(logging, log_level.upper()), format="%(levelname)-9s %(message)s")
+    try:
+        sock = server.bind(host, port)
+    except OSError as e:
+        raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}): "
+                        "choose another port, or --port 0 for a free one") from None
+    pair = load_pair(kw)
+    policy = pair.policy(k)  # "auto" measures the pass costs now (kept on disk), not in the first request
+    name = model_name or server.model_name(pair)
+    config = {"k": k, **pair.info()}
+    if k == "auto":
+        config["k_policy"] = {"calibrated": getattr(policy, "prior", None) is not None}
+    actual = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"specmac serve: http://{shown}:{actual}/v1  model {name!r}", err=True)
+    click.echo(f"  target {_label(config['target'])}  draft {_label(config['draft'])}  k={k}", err=True)
+    if not server.is_loopback(host) and not api_key:
+        click.secho(f"WARNING: listening on {host}, beyond this machine, with no API key: anyone who can "
+                    "reach this port can use the model. Add --api-key KEY (or SPECMAC_API_KEY).",
+                    err=True, fg="red", bold=True)
+    if os.environ.get("SPECMAC_DEBUG") == "1":
+        click.echo(json.dumps(config, default=str), err=True)
+    sys.exit(server.serve(pair, sock, k=k, queue_size=queue_size, api_key=api_key, model_id=name,
+                          config=_public(config), log_level=log_level))
+
+
+def _label(info: dict) -> str:
+    if "backend" not in info:
+        return info.get("drafter", "none")
+    return f"{info['backend']}:{info.get('model')}"
+
+
+def _public(config: dict) -> dict:
+    """What /v1/models shows: backends and models, not local file paths or vocabularies."""
+    def strip(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k in ("backend", "model", "library", "library_version", "n_ctx",
+                                                     "drafter")}
+    return {"k": config["k"], "target": strip(config["target"]), "draft": strip(config["draft"])}
