@@ -156,3 +156,16 @@ def test_level2_with_a_prediction(with_draft):
     assert level2(good, T1, 4, n=1000, seed=5)["p"] > 1e-3
     bad = PredictedPair(base.target, drafter, pred, drafter_cls=UniformQ)
     assert level2(bad, T1, 4, n=1000, seed=5)["p"] < 1e-4
+
+
+@pytest.mark.parametrize("draft", [None, "synthetic"])
+def test_coupled_sampler_with_a_prediction_is_seed_exact(draft):
+    """Under the coupled sampler a prediction (with or without a draft model behind it) changes no
+    token: the text at T = 1 is plain decoding's at the same seed."""
+    pair = Pair.load("synthetic", draft)
+    params = SamplingParams(1.0, sampler="coupled")
+    plain = pair.plain().generate("hello", params=params, max_tokens=40, seed=7).token_ids
+    edited = pair.target.decode(plain[:12]) + "xyz" + pair.target.decode(plain[12:])
+    for k in (2, 6):
+        got = pair.generate("hello", params=params, max_tokens=40, seed=7, k=k, prediction=edited)
+        assert got.token_ids == plain and got.prediction["accepted_prediction_tokens"] > 0

@@ -51,7 +51,7 @@ class PredictionDrafter(Drafter):
     def max_k(self, n_seq: int) -> int:
         return self.fallback.max_k(n_seq) if self.fallback else 1 << 30
 
-    def propose(self, seq, k, params, rng, n_vocab):
+    def propose(self, seq, k, params, rng, n_vocab, noise=None):
         self._align(seq)
         self.n_seen = len(seq)
         if self.pos is not None and self.pos < len(self.pred):
@@ -61,7 +61,7 @@ class PredictionDrafter(Drafter):
             return drafts, (None if params.greedy else OneHotRows(drafts, n_vocab))
         self._pending = []
         if self.fallback is not None:
-            return self.fallback.propose(seq, k, params, rng, n_vocab)
+            return self.fallback.propose(seq, k, params, rng, n_vocab, noise=noise)
         return [], None
 
     def settle(self, n_drafted: int, n_accepted: int) -> None:
