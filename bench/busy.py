@@ -73,8 +73,8 @@ def condition(args, n_busy: int, setting: str) -> dict:
                    str(args.tokens), "--rounds", str(args.rounds)]
             cmd += ["--threads", str(threads)] if threads else []
             try:
-                out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.child_timeout_s,
-                                     check=True).stdout
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
+                                     timeout=args.child_timeout_s).stdout
             except subprocess.TimeoutExpired:  # a condition this slow is a result too: said, not dropped
                 return {"busy": n_busy, "setting": setting, "threads": threads, "env": env_extra, "runs": [],
                         "timed_out_s": args.child_timeout_s, "median_tokens_per_second": None}
