@@ -72,7 +72,12 @@ def condition(args, n_busy: int, setting: str) -> dict:
             cmd = [sys.executable, __file__, "--child", "--models-dir", str(args.models_dir), "--tokens",
                    str(args.tokens), "--rounds", str(args.rounds)]
             cmd += ["--threads", str(threads)] if threads else []
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+            try:
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
+                                     timeout=args.child_timeout_s).stdout
+            except subprocess.TimeoutExpired:  # a condition this slow is a result too: said, not dropped
+                return {"busy": n_busy, "setting": setting, "threads": threads, "env": env_extra, "runs": [],
+                        "timed_out_s": args.child_timeout_s, "median_tokens_per_second": None}
     finally:
         for b in busy:
             b.kill()
@@ -91,6 +96,10 @@ def table(rows: list[dict]) -> list[str]:
     base = quiet.get("spin (default)", {}).get("plain")
     for r in rows:
         m = r["median_tokens_per_second"]
+        if m is None:
+            out.append(f"| {r['busy']} | {r['setting']} | {r['threads'] or '-'} | did not finish "
+                       f"{len(METHODS)} x 2 rounds in {r['timed_out_s']:.0f} s | | | | |")
+            continue
         rel = f"{m['plain'] / base:.0%}" if base else "-"
         out.append(f"| {r['busy']} | {r['setting']} | {r['threads']} | {m['plain']:.1f} | {m['K=4']:.1f} | "
                    f"{m['auto']:.1f} | {m['auto'] / m['plain']:.2f} | {rel} |")
@@ -105,7 +114,7 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax, method in zip(axes, METHODS):
         for i, setting in enumerate(SETTINGS):
             pts = [(r["busy"], r["median_tokens_per_second"][method]) for r in rows
-                   if r["setting"] == setting]
+                   if r["setting"] == setting and r["median_tokens_per_second"]]
             if pts:
                 ax.plot(*zip(*pts), marker="o", color=f"C{i}", label=setting)
         ax.set_title(method)
@@ -127,6 +136,7 @@ def main() -> None:
     ap.add_argument("--settings", default="spin (default),passive,passive 1 thread",
                     help=f"thread settings, a comma list of: {', '.join(SETTINGS)}")
     ap.add_argument("--budget-s", type=float, default=560, help="start no condition after this many seconds")
+    ap.add_argument("--child-timeout-s", type=float, default=300, help="a condition's limit (recorded)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -141,8 +151,9 @@ def main() -> None:
                 print(f"budget spent: {n_busy} busy / {setting} not run", file=sys.stderr)
                 continue
             rows.append(condition(args, n_busy, setting))
-            m = rows[-1]["median_tokens_per_second"]
-            print(f"{n_busy} busy, {setting}: " + ", ".join(f"{k} {v:.1f}" for k, v in m.items()),
+            m = rows[-1]["median_tokens_per_second"] or {}
+            print(f"{n_busy} busy, {setting}: " + (", ".join(f"{k} {v:.1f}" for k, v in m.items())
+                                                   or f"timed out after {args.child_timeout_s:.0f} s"),
                   file=sys.stderr, flush=True)
     command = "flock /tmp/specmac-bench.lock python bench/busy.py " + " ".join(sys.argv[1:])
     load = os.getloadavg()
