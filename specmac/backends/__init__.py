@@ -172,8 +172,9 @@ class BaseBackend:
         """Append tokens; the logits of the last one [n_logits] (a backend may skip the others)."""
         return self.score(tokens)[-1]
 
-    def apply_chat_template(self, prompt: str) -> str:
-        """One user turn through the model's chat template, ready for generation."""
+    def apply_chat_template(self, prompt: str | Sequence[dict]) -> str:
+        """One user turn (or a conversation: [{"role", "content"}, ...] ending with a user turn)
+        through the model's chat template, ready for generation."""
         raise SpecmacError(f"chat: the {self.name} backend cannot apply a chat template: give the prompt "
                            "without one", param="chat")
 

@@ -19,7 +19,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, gguf_quantize
+from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, gguf_quantize, hf
 from specmac.backends.conversion import cache, convert
 from specmac.backends.conversion.hf_check import check_folder, check_hub
 from specmac.backends.interrupt import held_signals
@@ -435,8 +435,8 @@ class GGUFBackend(BaseBackend):
             size = -n
         raise RuntimeError("llama_detokenize failed")
 
-    def apply_chat_template(self, prompt: str) -> str:
-        """One user turn through the GGUF's tokenizer.chat_template, ready for generation."""
+    def apply_chat_template(self, prompt) -> str:
+        """One user turn (or a list of messages) through the GGUF's tokenizer.chat_template."""
         template = llama_cpp.llama_model_chat_template(self._model, None)
         if not template:
             raise SpecmacError("chat: this GGUF has no tokenizer.chat_template: give the prompt without one",
@@ -446,7 +446,7 @@ class GGUFBackend(BaseBackend):
         eos_id = llama_cpp.llama_vocab_eos(self._vocab_p)
         eos = tb[eos_id].decode(errors="replace") if eos_id >= 0 else ""
         fmt = Jinja2ChatFormatter(template.decode(), eos_token=eos, bos_token=bos)
-        text = fmt(messages=[{"role": "user", "content": prompt}]).prompt
+        text = fmt(messages=hf.chat_messages(prompt)).prompt
         if self._add_bos and bos and text.startswith(bos):
             text = text[len(bos):]  # encode adds BOS itself
         return text

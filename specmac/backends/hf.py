@@ -140,12 +140,17 @@ def peek_vocab(model: str | None, role: str = "target", trust_remote_code: bool 
     return vocab_from_tokenizer(tok, n_logits, generation_eos_ids(folder))
 
 
-def apply_chat_template(tokenizer, prompt: str) -> str:
+def chat_messages(prompt) -> list[dict]:
+    """A prompt as chat messages: a string is one user turn; a list of messages is kept."""
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+
+
+def apply_chat_template(tokenizer, prompt) -> str:
     from specmac.errors import SpecmacError
 
     if not getattr(tokenizer, "chat_template", None):
         raise SpecmacError("chat: this model has no chat template: give the prompt without one", param="chat")
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+    return tokenizer.apply_chat_template(chat_messages(prompt), tokenize=False,
                                          add_generation_prompt=True)
 
 

@@ -139,7 +139,7 @@ class MLXBackend(hf.HFFolderMixin, BaseBackend):
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def apply_chat_template(self, prompt: str) -> str:
+    def apply_chat_template(self, prompt) -> str:
         return hf.apply_chat_template(self.tokenizer, prompt)
 
 

@@ -143,7 +143,7 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
-    def apply_chat_template(self, prompt: str) -> str:
+    def apply_chat_template(self, prompt) -> str:
         return hf.apply_chat_template(self.tokenizer, prompt)
 
 

@@ -68,7 +68,7 @@ def flag_language(e: SpecmacError, command: click.Command | None) -> str:
         names = {p.name, flag.lstrip("-").replace("-", "_"), flag.lstrip("-")}
         if param in names:
             for name in sorted(names, key=len, reverse=True):
-                if msg.startswith(name + " "):
+                if msg.startswith((name + " ", name + ":")):
                     return flag + msg[len(name):]
             return f"{flag}: {msg}"
     return msg

@@ -73,6 +73,14 @@ class Settings:
     backends: dict[str, dict] = field(default_factory=dict)
     # the pairs are every combination (no --pair): drop those whose vocabularies differ, and say so
     skip_unpairable: bool = False
+    chat: bool = False  # prompts go through each target's chat template
+
+    def prompt_text(self, target: Any, prompt: dict) -> str:
+        """What ``target`` (a backend) is given for ``prompt``: its chat template applied to the
+        prompt's messages with ``chat``, else the prompt's text."""
+        if self.chat:
+            return target.apply_chat_template(prompt.get("messages") or prompt["text"])
+        return prompt["text"]
 
     def configs(self) -> list[Config]:
         """Grouped by target: its baseline, then each of its pairings at every K (measuring
@@ -91,7 +99,8 @@ class Settings:
         return {"pairs": [p.id for p in self.pairs], "k": list(self.ks),
                 "prompts": [p["id"] for p in self.prompts], "sampling": self.params.to_dict(),
                 "max_tokens": self.max_tokens, "repeats": self.repeats, "seed": self.seed,
-                "warmup_tokens": self.warmup_tokens, "backends": self.backends}
+                "warmup_tokens": self.warmup_tokens, "backends": self.backends, "chat": self.chat,
+                "categories": {p["id"]: p.get("category", "") for p in self.prompts}}
 
 
 def parse_pair(text: str) -> PairSpec:
