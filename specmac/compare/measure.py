@@ -71,7 +71,7 @@ def load_models(settings: Settings) -> Loaded:
     With ``settings.skip_unpairable`` (every combination, none named), a pairing whose vocabularies
     differ is dropped from ``settings.pairs`` and listed in ``Loaded.skipped``; else it is an error."""
     be = settings.backends
-    unused = set(be) - {p.target for p in settings.pairs} - {p.draft for p in settings.pairs}
+    unused = set(be) - {p.target for p in settings.pairs} - {p.draft_backend for p in settings.pairs}
     if unused:
         raise BadOption(f"models or options given for {', '.join(sorted(unused))}, which no pair uses",
                         param="pairs")
@@ -103,8 +103,9 @@ def _load_drafter(settings: Settings, p: PairSpec, targets: dict[str, BaseBacken
     be = settings.backends
     if p.draft in MODEL_FREE and p.draft in be:
         raise BadOption(f"the {p.draft} drafter takes no model or options: drop them", param="pairs")
-    model, options = model_and_options(be, p.draft, "draft")
-    if settings.skip_unpairable and p.draft not in MODEL_FREE:  # checked per pairing by the caller
+    model, options = model_and_options(be, p.draft_backend, "draft")
+    if settings.skip_unpairable and p.draft not in MODEL_FREE and p.draft_backend == p.draft:
+        # checked per pairing by the caller
         return ModelDrafter(load_backend(p.draft, model, options or None, role="draft"))
     return load_drafter(p.draft, model, options or None, target_vocab=targets[p.target].vocab)
 
@@ -153,7 +154,8 @@ def run_record(c: Config, prompt: str, repeat: int, seed: int, s: RunStats, toke
             "accepted_at": list(s.accepted_at), "t_draft": s.t_draft, "t_verify": s.t_target,
             "t_other": s.t_other, "t_prefill": s.t_prefill, "seconds": s.seconds,
             "tokens_per_second": s.tokens_per_second,
-            "finish_reason": s.finish_reason, **({"k_steps": s.k_steps} if c.k == AUTO else {}),
+            "finish_reason": s.finish_reason, "sources": dict(s.sources),
+            **({"k_steps": s.k_steps} if c.k == AUTO else {}),
             "output_sha1": hashlib.sha1(json.dumps(token_ids).encode()).hexdigest()[:12]}
 
 

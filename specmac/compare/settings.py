@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specmac.backends import available, registry
-from specmac.core.drafters import MODEL_FREE
+from specmac.core.drafters import MODEL_FREE, split_hybrid
 from specmac.core.policy import K_LIMIT
 from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption
@@ -24,10 +24,16 @@ FORMAT = "specmac.compare/1"
 
 @dataclass(frozen=True)
 class PairSpec:
-    """A pairing to measure: draft backend (or "ngram") -> target backend."""
+    """A pairing to measure: draft backend (or "ngram", "lookup", "LOOKUP+BACKEND") -> target backend."""
 
     draft: str
     target: str
+
+    @property
+    def draft_backend(self) -> str:
+        """The backend whose models and options the draft takes ("gguf" of "lookup+gguf")."""
+        hybrid = split_hybrid(self.draft)
+        return hybrid[1] if hybrid else self.draft
 
     @property
     def id(self) -> str:
@@ -104,14 +110,19 @@ class Settings:
 
 
 def parse_pair(text: str) -> PairSpec:
-    """"DRAFT:TARGET" -> PairSpec; DRAFT is a backend or "ngram", TARGET a backend."""
+    """"DRAFT:TARGET" -> PairSpec; DRAFT is a backend, "ngram", "lookup" or LOOKUP+BACKEND (a
+    hybrid), TARGET a backend."""
     draft, sep, target = text.strip().partition(":")
     if not sep or not draft or not target:
         raise BadOption(f"pair {text!r} is not DRAFT:TARGET: write e.g. mlx:gguf", param="pairs")
     names = registry()
-    for role, name in (("draft", draft), ("target", target)):
-        if name not in names and not (role == "draft" and name in MODEL_FREE):
-            extra = " or ngram" if role == "draft" else ""
+    try:
+        hybrid = split_hybrid(draft)
+    except BadOption as e:
+        raise BadOption(f"pair {text!r}: {e}", param="pairs") from None
+    for role, name in (("draft", hybrid[1] if hybrid else draft), ("target", target)):
+        if name not in names and not (role == "draft" and name in MODEL_FREE and not hybrid):
+            extra = ", ngram, lookup or LOOKUP+BACKEND" if role == "draft" else ""
             raise BadOption(f"pair {text!r}: unknown {role} backend {name!r}; choose one of "
                             f"{', '.join(sorted(names))}{extra}", param="pairs")
     return PairSpec(draft, target)
