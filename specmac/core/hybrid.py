@@ -96,9 +96,9 @@ class HybridDrafter(Drafter):
             return float(np.median(self.t_model[-16:]))
         return self.cost.t_draft1() if self.cost is not None else 0.0
 
-    def choose(self, n_seq: int, k: int, n_lookup: int, lookup_key: str) -> tuple[str, int]:
+    def choose(self, behind: int, k: int, n_lookup: int, lookup_key: str) -> tuple[str, int]:
         """(source, width) with the most predicted tokens per second: ("lookup", m <= n_lookup),
-        (model, K <= k) or ("none", 0)."""
+        (model, K <= k) or ("none", 0); ``behind``: the tokens the model has not seen."""
         curve = self.cost.curve() if self.cost is not None else np.ones(K_MAX + 2)
         top = len(curve) - 2
         best = (NONE, 0, 1.0 / curve[1])  # plain decoding
@@ -116,7 +116,6 @@ class HybridDrafter(Drafter):
             td = self.t_draft1()
             width = curve[np.minimum(ks + 1, top + 1)]
             # the model's prefill of what it has not seen, spread over the tokens left (per step: e of them)
-            behind = n_seq - len(self.model.seen) if self.model_started else n_seq
             left = self.cost.tokens_left() if self.cost is not None else None
             prefill = self.cost.prefill_s(behind) if self.cost is not None else 0.0
             share = e * prefill / left if left else 0.0
@@ -133,7 +132,8 @@ class HybridDrafter(Drafter):
         key = "lookup_sure" if n >= self.lookup.sure_match else "lookup_short"
         if look:
             self._pending.append((len(seq), key, look))
-        source, width = self.choose(len(seq), k, len(look), key)
+        behind = len(seq) - (_common_prefix(self.model.seen, seq, len(seq) - 1) if self.model_started else 0)
+        source, width = self.choose(behind, k, len(look), key)
         self._source = source
         self.steps[source] += 1
         if source == NONE:
@@ -141,7 +141,6 @@ class HybridDrafter(Drafter):
         if source == "lookup":
             drafts = look[:width]
             return drafts, (None if q_look is None else OneHotRows(drafts, n_vocab))
-        behind = len(seq) - (_common_prefix(self.model.seen, seq, len(seq) - 1) if self.model_started else 0)
         t0 = time.perf_counter()
         drafts, q = self.model.propose(seq, width, params, rng, n_vocab)
         dt = time.perf_counter() - t0
