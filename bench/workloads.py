@@ -88,7 +88,8 @@ def main() -> None:
                         warmup_tokens=4, chat=True,
                         backends={"gguf": {"target_model": target, "draft_model": draft}})
     loaded = load_models(settings)
-    runs, interrupted = measure(settings, loaded, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    runs, interrupted = measure(settings, loaded, progress=lambda s: print(s, file=sys.stderr, flush=True),
+                                on_round=lambda runs: write_json(args.out / "runs_so_far.json", runs))
     cats = by_category(runs)
     same = identity(runs)
     command = "flock /tmp/specmac-bench.lock python bench/workloads.py " + shlex.join(sys.argv[1:])
