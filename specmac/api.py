@@ -94,7 +94,8 @@ class Pair:
         return self._wrap(adaptive_policy(self.target, self.drafter.backend, horizon=max_tokens,
                                           n_prompt=n_prompt), max_tokens)
 
-    def _resolve(self, k: int | str | KPolicy, max_tokens: int | None, n_prompt: int | None = None) -> KPolicy:
+    def _resolve(self, k: int | str | KPolicy, max_tokens: int | None,
+                 n_prompt: int | None = None) -> KPolicy:
         if isinstance(k, str) and k == "auto":
             return self.timed_auto_policy(max_tokens, n_prompt)
         return self.policy(k, max_tokens)

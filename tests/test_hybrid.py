@@ -147,7 +147,8 @@ def test_cli_run_and_compare_take_a_hybrid(tmp_path):
     res = CliRunner().invoke(main, ["run", "--draft", "foo+synthetic", "--target", "synthetic", "x"])
     assert res.exit_code == 2 and "LOOKUP+BACKEND" in res.output
     out = tmp_path / "cmp"
-    res = CliRunner().invoke(main, ["compare", "--pair", "lookup+synthetic:synthetic", "--pair", "lookup:synthetic",
+    res = CliRunner().invoke(main, ["compare", "--pair", "lookup+synthetic:synthetic",
+                                    "--pair", "lookup:synthetic",
                                     "--k", "3", "--repeats", "1", "--n-prompts", "2", "--max-tokens", "12",
                                     "--draft-opt", "synthetic:noise=0.2", "--out", str(out)])
     assert res.exit_code == 0, res.output
