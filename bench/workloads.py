@@ -1,14 +1,15 @@
 """Which draft pays on which part of a workload: each category x (plain, model draft, n-gram, lookup, hybrid).
 
-    flock /tmp/specmac-bench.lock python bench/workloads.py --per-category 1 --max-tokens 48 \
-        --repeats 2 --out results/workloads
+    SPECMAC_CACHE=$(mktemp -d) flock /tmp/specmac-bench.lock python bench/workloads.py \
+        --per-category 1 --max-tokens 40 --repeats 2 --out results/workloads
 
 The packaged workload (specmac/data/workload.jsonl, whole conversations) through the target's chat
 template, on the Qwen2.5-Coder 1.5B Q4_K_M GGUF target with the 0.5B Q4_K_M draft, greedy, every
 configuration at ``--k`` (default auto) interleaved per prompt and round by compare's measurement
 (``specmac.compare.measure``: one warm-up round discarded). Writes results.json (the runs, the
 per-configuration and per-category aggregates, greedy identity with plain per prompt), a PNG of the
-speedups per category and README.md's tables.
+speedups per category and README.md's tables. Run it with a fresh SPECMAC_CACHE: `--k auto` keeps the
+pass costs it probes, and a probe stalled by a busy machine would be kept for every later run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import numpy as np
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.compare.categories import ALL, by_category, category_markdown
@@ -50,6 +52,27 @@ def identity(runs: list[dict]) -> list[dict]:
                                                           "category": r["category"], "same": True})
         row["same"] &= r["output_sha1"] == plain.get((r["prompt"], r["round"]))
     return list(out.values())
+
+
+def medians(runs: list[dict]) -> list[str]:
+    """Per category and configuration: the median over runs of tokens/s over plain decoding's of the
+    same prompt and round (one stalled run cannot carry a category, as it can in a pooled ratio)."""
+    plain = {(r["prompt"], r["round"]): r for r in runs if r["draft"] == PLAIN}
+    cells: dict[tuple, list[tuple[float, float]]] = {}
+    for r in runs:
+        b = plain.get((r["prompt"], r["round"]))
+        if r["draft"] != PLAIN and b and r["tokens_per_second"] and b["tokens_per_second"]:
+            e2e, be2e = (x["n_tokens"] / (x["seconds"] + x["t_prefill"]) for x in (r, b))
+            for cat in (r["category"], ALL):
+                ratio = r["tokens_per_second"] / b["tokens_per_second"]
+                cells.setdefault((cat, r["config"]), []).append((ratio, e2e / be2e))
+    out = ["| category | configuration | runs | median speedup | median end-to-end speedup | range |",
+           "|---|---|---:|---:|---:|---|"]
+    for (cat, config), v in sorted(cells.items(), key=lambda kv: (kv[0][0] == ALL, kv[0][0])):
+        s, e = np.array(v).T
+        out.append(f"| {cat} | {config} | {len(v)} | {np.median(s):.2f}\u00d7 | {np.median(e):.2f}\u00d7 | "
+                   f"{s.min():.2f}\u2013{s.max():.2f} |")
+    return out + [""]
 
 
 def figure(cats: list[dict]):
@@ -92,7 +115,8 @@ def main() -> None:
                                 on_round=lambda runs: write_json(args.out / "runs_so_far.json", runs))
     cats = by_category(runs)
     same = identity(runs)
-    command = "flock /tmp/specmac-bench.lock python bench/workloads.py " + shlex.join(sys.argv[1:])
+    command = ("SPECMAC_CACHE=$(mktemp -d) flock /tmp/specmac-bench.lock python bench/workloads.py "
+               + shlex.join(sys.argv[1:]))
     record = {"format": "specmac.bench.workloads/1", "interrupted": interrupted,
               "provenance": provenance(command, [target, draft]), "settings": settings.to_dict(),
               "prompt_tokens": {p["id"]: len(loaded.targets["gguf"].encode(settings.prompt_text(
@@ -109,7 +133,7 @@ def main() -> None:
              f"K = {args.k}.",
              "", f"Greedy output identical to plain decoding: {len(same) - len(bad)} of {len(same)} "
              f"(configuration, prompt) pairs" + (f"; differs: {', '.join(bad)}" if bad else "") + ".", ""]
-    lines += category_markdown(cats)
+    lines += category_markdown(cats) + ["## Medians per run", ""] + medians(runs)
     lines += ["![speedup by category](speedup_by_category.png)", ""]
     (args.out / "README.md").write_text("\n".join(lines), "utf-8")
     for r in cats:

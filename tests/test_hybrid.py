@@ -153,3 +153,13 @@ def test_cli_run_and_compare_take_a_hybrid(tmp_path):
                                     "--draft-opt", "synthetic:noise=0.2", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "steps by source" in (out / "summary.md").read_text()
+
+
+def test_a_doubted_t1_probe_gets_its_plain_step():
+    pair = Pair.load("synthetic", "lookup+synthetic")
+    policy = pair.timed_auto_policy(16, 10)
+    assert policy.next_k() == policy.inner.k_max
+    policy.inner.costs.t1_doubted = True  # what AdaptiveK sets when wider passes beat T(1) by half
+    assert policy.next_k() == 0
+    policy.inner.costs.n_seen[1] = 1  # the plain step was timed
+    assert policy.next_k() == policy.inner.k_max

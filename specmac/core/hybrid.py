@@ -186,7 +186,10 @@ class HybridPolicy:
 
     def next_k(self) -> int:
         if self.adaptive:  # the drafter picks the width per source: allow the widest measured
-            return int(getattr(self.inner, "k_max", K_MAX))
+            costs = self.inner.costs
+            if costs.t1_doubted and not costs.n_seen[1]:
+                return 0  # the inner policy doubts the probe's T(1): one plain step times it again
+            return int(self.inner.k_max)
         return self.inner.next_k()
 
     def update(self, event: Any) -> None:
