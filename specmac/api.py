@@ -15,6 +15,7 @@ import numpy as np
 
 from specmac.backends import BaseBackend, load_backend
 from specmac.core.drafters import Drafter, PlainDecoding, check_draft_args, load_drafter
+from specmac.core.hybrid import HybridDrafter, HybridPolicy
 from specmac.core.loop import Event, speculative_steps
 from specmac.core.policy import K_DEFAULT, K_LIMIT, FixedK, KPolicy
 from specmac.core.prediction import PredictionDrafter
@@ -72,24 +73,37 @@ class Pair:
 
     def policy(self, k: int | str | KPolicy = K_DEFAULT, max_tokens: int | None = None) -> KPolicy:
         """The K policy that ``k`` names, at no cost: an integer >= 1 (FixedK) or a policy object,
-        returned as is. "auto" needs the pair's pass costs: it is ``timed_auto_policy``."""
+        returned as is. "auto" needs the pair's pass costs: it is ``timed_auto_policy``. A hybrid
+        drafter's policy is wrapped in a HybridPolicy, which hands the drafter the costs it
+        chooses its source by (``max_tokens``: the tokens the run can write)."""
         if isinstance(k, KPolicy):
             return k
         if check_k(k) == "auto":
             raise BadOption("k 'auto' is timed from the pair's passes: call timed_auto_policy(max_tokens) "
                             "(or pass k='auto' to generate or stream)", param="k")
-        return FixedK(int(k))
+        return self._wrap(FixedK(int(k)), max_tokens)
 
-    def timed_auto_policy(self, max_tokens: int | None = None) -> KPolicy:
+    def _wrap(self, policy: KPolicy, max_tokens: int | None) -> KPolicy:
+        if isinstance(self.drafter, HybridDrafter):
+            return HybridPolicy(policy, self.drafter, horizon=max_tokens,
+                                prefill_per_token=getattr(policy, "prefill_per_token", None))
+        return policy
+
+    def timed_auto_policy(self, max_tokens: int | None = None, n_prompt: int | None = None) -> KPolicy:
         """K = auto: an AdaptiveK started from this pair's pass costs, timed now (seconds on a large
         model) or kept from an earlier run (see specmac.core.calibration). ``max_tokens``, the
-        run's length, sizes its exploration budget."""
+        run's length, sizes its exploration budget; with ``n_prompt``, the prompt's tokens, it
+        weighs the draft's prefill of the prompt against what drafting can win in the run."""
         from specmac.core.calibration import adaptive_policy
 
-        return adaptive_policy(self.target, self.drafter.backend, horizon=max_tokens)
+        return self._wrap(adaptive_policy(self.target, self.drafter.backend, horizon=max_tokens,
+                                          n_prompt=n_prompt), max_tokens)
 
-    def _resolve(self, k: int | str | KPolicy, max_tokens: int | None) -> KPolicy:
-        return self.timed_auto_policy(max_tokens) if isinstance(k, str) and k == "auto" else self.policy(k)
+    def _resolve(self, k: int | str | KPolicy, max_tokens: int | None,
+                 n_prompt: int | None = None) -> KPolicy:
+        if isinstance(k, str) and k == "auto":
+            return self.timed_auto_policy(max_tokens, n_prompt)
+        return self.policy(k, max_tokens)
 
     def prediction_drafter(self, prediction: str | Sequence[int]) -> PredictionDrafter:
         """A drafter for one generation that proposes ``prediction`` (the text expected back: OpenAI's
@@ -120,15 +134,17 @@ class Pair:
         if prediction is not None:
             drafter = prediction if isinstance(prediction, PredictionDrafter) else \
                 self.prediction_drafter(prediction)
-        policy = self._resolve(k, max_tokens)
-        steps = speculative_steps(self.target, drafter, self.encode(prompt),
+        ids = self.encode(prompt)
+        policy = self._resolve(k, max_tokens, len(ids))
+        steps = speculative_steps(self.target, drafter, ids,
                                   params=params or SamplingParams(), max_tokens=max_tokens,
                                   rng=np.random.default_rng(seed), k=policy, rule=rule, seed=seed,
                                   noise=noise)
         return _settled(steps, drafter) if isinstance(drafter, PredictionDrafter) else steps
 
     def generate(self, prompt: str | Sequence[int], **kw) -> Generation:
-        policy = self._resolve(kw.pop("k", K_DEFAULT), kw.get("max_tokens", MAX_TOKENS))
+        prompt = self.encode(prompt)
+        policy = self._resolve(kw.pop("k", K_DEFAULT), kw.get("max_tokens", MAX_TOKENS), len(prompt))
         stats = RunStats(k=policy.k if isinstance(policy, FixedK) else getattr(policy, "label", "auto"))
         prediction = kw.pop("prediction", None)
         if prediction is not None and not isinstance(prediction, PredictionDrafter):

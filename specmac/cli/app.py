@@ -20,7 +20,7 @@ import click
 
 from specmac.errors import SpecmacError
 
-DRAFTERS_WITHOUT_MODEL = ("none", "ngram")
+DRAFTERS_WITHOUT_MODEL = ("none", "ngram", "lookup")
 # `specmac` alone prints its help through this UsageError (click >= 8.2); it stays as it is
 _HELP_ERRORS = tuple(c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c)
 
@@ -68,7 +68,7 @@ def flag_language(e: SpecmacError, command: click.Command | None) -> str:
         names = {p.name, flag.lstrip("-").replace("-", "_"), flag.lstrip("-")}
         if param in names:
             for name in sorted(names, key=len, reverse=True):
-                if msg.startswith(name + " "):
+                if msg.startswith((name + " ", name + ":")):
                     return flag + msg[len(name):]
             return f"{flag}: {msg}"
     return msg
@@ -204,7 +204,9 @@ def pair_options(f: Callable) -> Callable:
         click.option("--target", default="gguf", show_default=True, metavar="BACKEND",
                      help="Target backend (see `specmac backends`)."),
         click.option("--draft", default="none", show_default=True, metavar="BACKEND",
-                     help="Draft backend, 'ngram' (prompt lookup) or 'none' (plain)."),
+                     help="Draft backend, 'lookup' or 'ngram' (prompt lookup), LOOKUP+BACKEND (a "
+                          "hybrid, e.g. lookup+gguf: lookup where it matches well, else the model) "
+                          "or 'none' (plain)."),
         click.option("--target-model", metavar="PATH|HUB_ID",
                      help="Target model: a folder, a .gguf file, a hub id (org/name) or "
                           "org/name:file.gguf. Default: the embedded tiny target."),
@@ -276,14 +278,20 @@ def check_backend_options(name: str, raw: dict[str, str], flag: str) -> None:
 def load_pair(kw: dict):
     """Check names and options (cheap, before any weights load), then load the Pair."""
     from specmac.api import Pair
+    from specmac.core.drafters import split_hybrid
 
     check_backend_name(kw["target"], "--target")
-    check_backend_name(kw["draft"], "--draft", DRAFTERS_WITHOUT_MODEL)
+    try:
+        hybrid = split_hybrid(kw["draft"])
+    except SpecmacError as e:
+        raise UserError("--" + one_line(str(e))) from None
+    draft_backend = hybrid[1] if hybrid else kw["draft"]
+    check_backend_name(draft_backend, "--draft", () if hybrid else DRAFTERS_WITHOUT_MODEL)
     target_opts = parse_kv(kw["target_opt"], "--target-opt")
     draft_opts = parse_kv(kw["draft_opt"], "--draft-opt")
     check_backend_options(kw["target"], target_opts, "--target-opt")
-    if kw["draft"] not in DRAFTERS_WITHOUT_MODEL:
-        check_backend_options(kw["draft"], draft_opts, "--draft-opt")
+    if draft_backend not in DRAFTERS_WITHOUT_MODEL:
+        check_backend_options(draft_backend, draft_opts, "--draft-opt")
     return Pair.load(kw["target"], kw["draft"], target_model=kw["target_model"],
                      draft_model=kw["draft_model"], target_options=target_opts,
                      draft_options=draft_opts)

@@ -77,8 +77,13 @@ def _default_out() -> str:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="FILE.toml",
               help="Models and options per backend (see above).")
 @click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), metavar="FILE",
-              help="A .json list of prompts, or text with prompts separated by '---' lines. "
-                   "Default: the shipped set (12 code and prose prompts).")
+              help="A .json list of prompts, a .jsonl workload (Spec-Bench's shape: question_id, "
+                   "category, turns), or text with prompts separated by '---' lines; specmac:workload "
+                   "is the packaged workload (prompts by category). Default: the shipped set (12 code "
+                   "and prose prompts).")
+@click.option("--turns", type=click.Choice(["first", "all"]), default="first", show_default=True,
+              help="Of a .jsonl workload's turns: the first user turn, or the whole conversation.")
+@click.option("--chat", is_flag=True, help="Apply each target's chat template to the prompts.")
 @click.option("--n-prompts", type=int, help="Use only the first N prompts.")
 @click.option("--max-tokens", type=int, default=64, show_default=True, help="New tokens per run.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Rounds over every prompt.")
@@ -89,7 +94,7 @@ def _default_out() -> str:
               help="Output folder. Default: ./specmac-compare-<UTC time>.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results record as JSON.")
 def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt, config_path,
-            prompts_path, n_prompts, max_tokens, repeats, warmup_tokens, out_dir, as_json, **kw):
+            prompts_path, turns, chat, n_prompts, max_tokens, repeats, warmup_tokens, out_dir, as_json, **kw):
     from specmac.compare import measure as cmp
     from specmac.compare import report
     from specmac.compare.results import check_output
@@ -99,7 +104,7 @@ def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt
         raise UserError("--max-tokens, --repeats and --warmup-tokens must be integers >= 1")
     settings = cmp.Settings(
         pairs=cmp.parse_pairs(pairs), ks=cmp.parse_ks(k_text), skip_unpairable=not pairs or "all" in pairs,
-        prompts=prompts.read_prompts(prompts_path, n_prompts), params=sampling_params(kw),
+        prompts=prompts.read_prompts(prompts_path, n_prompts, turns), params=sampling_params(kw), chat=chat,
         max_tokens=max_tokens, repeats=repeats, seed=kw["seed"], warmup_tokens=warmup_tokens,
         backends=cmp.backend_settings(
             cmp.read_config(config_path) if config_path else None,

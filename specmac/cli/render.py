@@ -177,4 +177,6 @@ def list_backends(as_json: bool) -> None:
         state = (f"{r['library']} {r['version']}  devices: {', '.join(r['devices'])}"
                  if r["installed"] else f"{'broken' if r.get('broken') else 'not installed'}: {r['problem']}")
         click.echo(f"{r['name']:<{width}}  {state}")
-    click.echo("drafters without a model: ngram (prompt lookup), none (plain)")
+    click.echo("drafters without a model: lookup (prompt lookup that bets only on a worthwhile match), "
+               "ngram (prompt lookup, any match), none (plain); LOOKUP+BACKEND (e.g. lookup+gguf) "
+               "is a hybrid: lookup where its match is good enough, else the model")

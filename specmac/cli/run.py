@@ -71,10 +71,11 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
     if remeasure:
         os.environ["SPECMAC_REMEASURE"] = "1"  # read where the kept costs are (specmac.core.calibration)
     pair = load_pair(kw)
-    # "auto" times the pair's passes here, before the first token
-    policy = pair.timed_auto_policy(max_tokens) if k == "auto" else pair.policy(k)
     if chat:
         prompt = pair.target.apply_chat_template(prompt)
+    # "auto" times the pair's passes here, before the first token
+    policy = (pair.timed_auto_policy(max_tokens, len(pair.encode(prompt))) if k == "auto"
+              else pair.policy(k, max_tokens))
     code = runner.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],
                       baseline=baseline, as_json=as_json, color=use_color(color, as_json),
                       meta={"command": " ".join(["specmac", *sys.argv[1:]])}, prediction=prediction)

@@ -24,6 +24,7 @@ import numpy as np
 from specmac.advise.pairing import advise_pair
 from specmac.api import Pair
 from specmac.backends import BaseBackend, load_backend
+from specmac.compare.categories import by_category
 from specmac.compare.results import provenance
 from specmac.compare.settings import (  # noqa: F401  (compare's settings, re-exported)
     AUTO,
@@ -70,7 +71,7 @@ def load_models(settings: Settings) -> Loaded:
     With ``settings.skip_unpairable`` (every combination, none named), a pairing whose vocabularies
     differ is dropped from ``settings.pairs`` and listed in ``Loaded.skipped``; else it is an error."""
     be = settings.backends
-    unused = set(be) - {p.target for p in settings.pairs} - {p.draft for p in settings.pairs}
+    unused = set(be) - {p.target for p in settings.pairs} - {p.draft_backend for p in settings.pairs}
     if unused:
         raise BadOption(f"models or options given for {', '.join(sorted(unused))}, which no pair uses",
                         param="pairs")
@@ -102,8 +103,9 @@ def _load_drafter(settings: Settings, p: PairSpec, targets: dict[str, BaseBacken
     be = settings.backends
     if p.draft in MODEL_FREE and p.draft in be:
         raise BadOption(f"the {p.draft} drafter takes no model or options: drop them", param="pairs")
-    model, options = model_and_options(be, p.draft, "draft")
-    if settings.skip_unpairable and p.draft not in MODEL_FREE:  # checked per pairing by the caller
+    model, options = model_and_options(be, p.draft_backend, "draft")
+    if settings.skip_unpairable and p.draft not in MODEL_FREE and p.draft_backend == p.draft:
+        # checked per pairing by the caller
         return ModelDrafter(load_backend(p.draft, model, options or None, role="draft"))
     return load_drafter(p.draft, model, options or None, target_vocab=targets[p.target].vocab)
 
@@ -117,7 +119,8 @@ def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] 
     gets the runs so far after every complete round (to save them as the measurement goes)."""
     configs = settings.configs()
     pairs = {c.id: loaded.pair(c) for c in configs}
-    ids = {t: [b.encode(p["text"]) for p in settings.prompts] for t, b in loaded.targets.items()}
+    ids = {t: [b.encode(settings.prompt_text(b, p)) for p in settings.prompts]
+           for t, b in loaded.targets.items()}
     tick = progress or (lambda _desc: None)
     for c in configs:  # warm-up: kernels, allocations, lazy compilation; not recorded
         pairs[c.id].generate(ids[c.target][0], params=settings.params, k=c.k_arg, seed=settings.seed,
@@ -132,7 +135,8 @@ def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] 
                 for c in configs:
                     g = pairs[c.id].generate(ids[c.target][i], params=settings.params, k=c.k_arg,
                                              max_tokens=settings.max_tokens, seed=seed)
-                    rnd.append(run_record(c, prompt["id"], r, seed, g.stats, g.token_ids))
+                    rnd.append(run_record(c, prompt["id"], r, seed, g.stats, g.token_ids)
+                               | {"category": prompt.get("category", "")})
                     tick(f"{c.id} {prompt['id']} r{r + 1}")
                 runs += rnd
                 if on_round is not None:
@@ -148,8 +152,10 @@ def run_record(c: Config, prompt: str, repeat: int, seed: int, s: RunStats, toke
             "round": repeat, "seed": seed, "n_tokens": s.n_tokens, "n_target_passes": s.n_target_passes,
             "n_drafted": s.n_drafted, "n_accepted": s.n_accepted, "reached": list(s.reached),
             "accepted_at": list(s.accepted_at), "t_draft": s.t_draft, "t_verify": s.t_target,
-            "t_other": s.t_other, "seconds": s.seconds, "tokens_per_second": s.tokens_per_second,
-            "finish_reason": s.finish_reason, **({"k_steps": s.k_steps} if c.k == AUTO else {}),
+            "t_other": s.t_other, "t_prefill": s.t_prefill, "seconds": s.seconds,
+            "tokens_per_second": s.tokens_per_second,
+            "finish_reason": s.finish_reason, "sources": dict(s.sources),
+            **({"k_steps": s.k_steps} if c.k == AUTO else {}),
             "output_sha1": hashlib.sha1(json.dumps(token_ids).encode()).hexdigest()[:12]}
 
 
@@ -207,7 +213,7 @@ def diagnose_greedy(results: list[dict], runs: list[dict], settings: Settings, l
     from specmac.lossless.greedy import diagnose
 
     base = {(r["target"], r["prompt"], r["round"]): r["output_sha1"] for r in runs if r["draft"] == PLAIN}
-    prompts = {p["id"]: p["text"] for p in settings.prompts}
+    prompts = {p["id"]: p for p in settings.prompts}
     for row in results:
         if row.get("greedy_match") in (None, 1.0):
             continue
@@ -215,7 +221,8 @@ def diagnose_greedy(results: list[dict], runs: list[dict], settings: Settings, l
         bad = dict.fromkeys(r["prompt"] for r in runs if r["config"] == row["config"]
                             and r["output_sha1"] != base.get((r["target"], r["prompt"], r["round"])))
         pair = loaded.pair(c)
-        found = [diagnose(pair, pair.encode(prompts[p]), k=c.k_arg, max_tokens=settings.max_tokens)
+        found = [diagnose(pair, pair.encode(settings.prompt_text(pair.target, prompts[p])), k=c.k_arg,
+                          max_tokens=settings.max_tokens)
                  | {"prompt": p} for p in bad]
         row["greedy_mismatches"] = [d for d in found if not d["match"]]  # a mismatch may not reproduce
         row["greedy_unexplained"] = sum(not d["near_tie"] for d in row["greedy_mismatches"])
@@ -240,9 +247,9 @@ def predict(settings: Settings, loaded: Loaded) -> dict[str, dict]:
     for p in settings.pairs:
         pair = loaded.pair(Config(p.draft, p.target, 1))
         try:
+            texts = [settings.prompt_text(pair.target, q) for q in settings.prompts[:ADVISE_PROMPTS]]
             out[p.id] = advise_pair(pair, params=settings.params, k_max=max(fixed_ks(settings.ks), default=8),
-                                   seed=settings.seed,
-                               prompts=[q["text"] for q in settings.prompts[:ADVISE_PROMPTS]])
+                                    seed=settings.seed, prompts=texts)
         except (SpecmacError, ValueError) as e:
             out[p.id] = {"error": str(e)}
     return out
@@ -290,7 +297,7 @@ def run_compare(settings: Settings, *, command: str | None = None,
         return {"format": FORMAT, "provenance": prov, "settings": settings.to_dict(), "backends": backends,
                 "interrupted": interrupted, "complete": complete, "predictions": predictions,
                 "skipped_pairs": loaded.skipped,
-                "results": results, "runs": runs}
+                "results": results, "categories": by_category(runs), "runs": runs}
 
     save = None if checkpoint is None else (lambda runs: checkpoint(record(runs, False, False)))
     runs, interrupted = measure(settings, loaded, progress, save)

@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+from specmac.compare.categories import category_markdown
 from specmac.compare.measure import ADVISE_PROMPTS, AUTO, FORMAT, PLAIN
 from specmac.errors import BadOption
 from specmac.files import read_capped
@@ -146,7 +147,8 @@ def summary_markdown(record: dict) -> str:
         lines.append(f"| {label(r)} | {r['k']} | {fmt(med(r['tokens_per_second']), '.1f')} | "
                      f"{fmt(med(r['speedup']), '.2f', '×')} | {fmt(r['acceptance_rate'], '.3f')} | "
                      f"{adv.get('best_k', '–')} | {fmt(adv.get('predicted_speedup'), '.2f', '×')} |")
-    lines += ["", "## Every configuration", ""]
+    lines += [""] + category_markdown(record.get("categories") or [])
+    lines += ["## Every configuration", ""]
     for target in dict.fromkeys(r["target"] for r in record["results"]):
         lines += _target_table(record, target)
     lines += _method(record, st, prov, machine)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specmac.backends import available, registry
-from specmac.core.drafters import MODEL_FREE
+from specmac.core.drafters import MODEL_FREE, split_hybrid
 from specmac.core.policy import K_LIMIT
 from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption
@@ -24,10 +24,16 @@ FORMAT = "specmac.compare/1"
 
 @dataclass(frozen=True)
 class PairSpec:
-    """A pairing to measure: draft backend (or "ngram") -> target backend."""
+    """A pairing to measure: draft backend (or "ngram", "lookup", "LOOKUP+BACKEND") -> target backend."""
 
     draft: str
     target: str
+
+    @property
+    def draft_backend(self) -> str:
+        """The backend whose models and options the draft takes ("gguf" of "lookup+gguf")."""
+        hybrid = split_hybrid(self.draft)
+        return hybrid[1] if hybrid else self.draft
 
     @property
     def id(self) -> str:
@@ -73,6 +79,14 @@ class Settings:
     backends: dict[str, dict] = field(default_factory=dict)
     # the pairs are every combination (no --pair): drop those whose vocabularies differ, and say so
     skip_unpairable: bool = False
+    chat: bool = False  # prompts go through each target's chat template
+
+    def prompt_text(self, target: Any, prompt: dict) -> str:
+        """What ``target`` (a backend) is given for ``prompt``: its chat template applied to the
+        prompt's messages with ``chat``, else the prompt's text."""
+        if self.chat:
+            return target.apply_chat_template(prompt.get("messages") or prompt["text"])
+        return prompt["text"]
 
     def configs(self) -> list[Config]:
         """Grouped by target: its baseline, then each of its pairings at every K (measuring
@@ -91,18 +105,24 @@ class Settings:
         return {"pairs": [p.id for p in self.pairs], "k": list(self.ks),
                 "prompts": [p["id"] for p in self.prompts], "sampling": self.params.to_dict(),
                 "max_tokens": self.max_tokens, "repeats": self.repeats, "seed": self.seed,
-                "warmup_tokens": self.warmup_tokens, "backends": self.backends}
+                "warmup_tokens": self.warmup_tokens, "backends": self.backends, "chat": self.chat,
+                "categories": {p["id"]: p.get("category", "") for p in self.prompts}}
 
 
 def parse_pair(text: str) -> PairSpec:
-    """"DRAFT:TARGET" -> PairSpec; DRAFT is a backend or "ngram", TARGET a backend."""
+    """"DRAFT:TARGET" -> PairSpec; DRAFT is a backend, "ngram", "lookup" or LOOKUP+BACKEND (a
+    hybrid), TARGET a backend."""
     draft, sep, target = text.strip().partition(":")
     if not sep or not draft or not target:
         raise BadOption(f"pair {text!r} is not DRAFT:TARGET: write e.g. mlx:gguf", param="pairs")
     names = registry()
-    for role, name in (("draft", draft), ("target", target)):
-        if name not in names and not (role == "draft" and name in MODEL_FREE):
-            extra = " or ngram" if role == "draft" else ""
+    try:
+        hybrid = split_hybrid(draft)
+    except BadOption as e:
+        raise BadOption(f"pair {text!r}: {e}", param="pairs") from None
+    for role, name in (("draft", hybrid[1] if hybrid else draft), ("target", target)):
+        if name not in names and not (role == "draft" and name in MODEL_FREE and not hybrid):
+            extra = ", ngram, lookup or LOOKUP+BACKEND" if role == "draft" else ""
             raise BadOption(f"pair {text!r}: unknown {role} backend {name!r}; choose one of "
                             f"{', '.join(sorted(names))}{extra}", param="pairs")
     return PairSpec(draft, target)

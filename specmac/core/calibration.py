@@ -57,6 +57,42 @@ def pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
             [float(np.median(times[w][-repeats:])) for w in widths[1:]], t_draft)
 
 
+def prefill_per_token(backend: BaseBackend, n: int = 32) -> float:
+    """Seconds per token of the backend's prefill of n tokens (the better of two, after a warm-up
+    pass): what it pays to catch up on a prompt it has not seen, per token."""
+    n = max(1, min(n, backend.n_ctx - 1))
+    ids = probe_tokens(backend, n)
+    try:
+        backend.reset()
+        backend.prefill(ids[:2])
+        times = []
+        for _ in range(2):
+            backend.reset()
+            times.append(timed(backend, lambda: backend.prefill(ids)))
+    finally:
+        backend.reset()
+    return min(times) / n
+
+
+def cached_prefill_per_token(backend: BaseBackend) -> float:
+    """``prefill_per_token``, measured once per machine and model (kept beside the pass costs)."""
+    ident = {"draft": _identity(backend), "host": platform.node(), "cpus": os.cpu_count(), "n": 32}
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    path = costs_dir() / f"prefill-{key}.json"
+    try:
+        kept = float(json.loads(path.read_text())["per_token"])
+        if kept > 0:
+            return kept
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    rate = prefill_per_token(backend)
+    try:
+        write_json(path, {"per_token": rate, "measured": time.time(), "identity": ident})
+    except OSError:
+        pass
+    return rate
+
+
 def costs_dir() -> Path:
     """Where measured pass costs are kept: $SPECMAC_CACHE/calibration, else ~/.cache/specmac/calibration."""
     return cache_home() / "calibration"
@@ -216,10 +252,12 @@ class CheckedK(AdaptiveK):
 
 
 def adaptive_policy(target: BaseBackend, draft: BaseBackend | None, *, calibrate: bool = True,
-                    cache: bool = True, **kw) -> AdaptiveK:
+                    cache: bool = True, n_prompt: int | None = None, **kw) -> AdaptiveK:
     """An AdaptiveK for this target and draft, started from measured costs (``calibrate``; kept
     between runs with ``cache``, see ``cached_pass_costs``). A pair whose context window is too
-    small to probe starts uncalibrated and explores instead."""
+    small to probe starts uncalibrated and explores instead. With a draft model and ``n_prompt``
+    (the prompt's tokens) it also knows what the draft's prefill of the prompt will cost
+    (``set_prefill``), so it drafts only where that can be won back in the run's tokens."""
     policy = CheckedK(**kw)
     if calibrate:
         t0 = time.perf_counter()
@@ -234,5 +272,8 @@ def adaptive_policy(target: BaseBackend, draft: BaseBackend | None, *, calibrate
         except SpecmacError:  # e.g. a context window too small to probe
             return policy
         policy.set_costs(t_target, t_draft)
+        if draft is not None and n_prompt:
+            rate = cached_prefill_per_token(draft) if cache else prefill_per_token(draft)
+            policy.set_prefill(rate, n_prompt)
         policy.calibration_s = time.perf_counter() - t0
     return policy

@@ -1,8 +1,11 @@
 """Drafters propose K tokens and the distributions they were drawn from.
 
-One contract (``Drafter``) and three kinds: ``PlainDecoding`` (plain target decoding), ``ModelDrafter``
-(any backend) and ``NgramDrafter`` (prompt lookup, no model). ``drafter.backend`` is the one way to
-ask for a drafter's model (None without one); ``load_drafter`` is the one factory.
+One contract (``Drafter``) and three kinds here: ``PlainDecoding`` (plain target decoding),
+``ModelDrafter`` (any backend) and ``NgramDrafter`` (prompt lookup, no model); ``LookupDrafter``
+(specmac.core.lookup: a suffix index that bets only on a worthwhile match) and ``HybridDrafter``
+(specmac.core.hybrid: lookup or a model, chosen per step) live in their own modules.
+``drafter.backend`` is the one way to ask for a drafter's model (None without one);
+``drafter.source`` names what made the last proposal; ``load_drafter`` is the one factory.
 
 ``propose(seq, k)`` takes the whole committed sequence, so a drafter keeps its own cache in step:
 it rewinds to the longest prefix it has already seen and feeds only what is new (after a fully
@@ -13,7 +16,7 @@ output position); a model drafter proposes the argmax of its perturbed row, and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -24,7 +27,23 @@ from specmac.errors import BadOption
 from specmac.vocab import Vocab, align_logits, check_compatible
 
 NO_DRAFT = (None, "none")
-MODEL_FREE = ("ngram",)  # drafters that need no model (besides "none")
+MODEL_FREE = ("ngram", "lookup")  # drafters that need no model (besides "none")
+HYBRID_LOOKUPS = ("ngram", "lookup")  # "LOOKUP+BACKEND": a hybrid of prompt lookup and a model
+# drafters of their own modules register a factory here (specmac.core imports them): a name, or
+# HYBRID for LOOKUP+BACKEND (called with the model's drafter and the whole name)
+FACTORIES: dict[str, Callable[..., Drafter]] = {}
+HYBRID = "+"
+
+
+def split_hybrid(name: str | None) -> tuple[str, str] | None:
+    """"lookup+gguf" -> ("lookup", "gguf"); None for a name that is not a hybrid."""
+    if not name or "+" not in name:
+        return None
+    lookup, _, backend = name.partition("+")
+    if lookup not in HYBRID_LOOKUPS or not backend or "+" in backend:
+        raise BadOption(f"draft {name!r} is not LOOKUP+BACKEND: write e.g. lookup+gguf or ngram+mlx",
+                        param="draft")
+    return lookup, backend
 
 
 class Drafter:
@@ -34,6 +53,11 @@ class Drafter:
     name: ClassVar[str] = ""
     drafts: ClassVar[bool] = True
     backend: BaseBackend | None = None
+
+    @property
+    def source(self) -> str:
+        """What made the last proposal (a hybrid names the source it chose; others their name)."""
+        return self.name
 
     def max_k(self, n_seq: int) -> int:
         """The most drafts this drafter can make after a sequence of n_seq tokens."""
@@ -132,12 +156,22 @@ class NgramDrafter(Drafter):
 
 def load_drafter(name: str | None, model: str | None = None, options: dict[str, Any] | None = None,
                  *, target_vocab: Vocab) -> Drafter:
-    """The drafter called ``name``: "none" (or None), "ngram", or a backend loaded as the draft.
-    A backend's vocabulary is checked against the target's before its weights load where the
-    backend can read a tokenizer alone, and again after."""
+    """The drafter called ``name``: "none" (or None), "ngram", "lookup", a backend loaded as the
+    draft, or "LOOKUP+BACKEND" (a hybrid of prompt lookup and that backend's model). A backend's
+    vocabulary is checked against the target's before its weights load where the backend can
+    read a tokenizer alone, and again after."""
     check_draft_args(name, model, options)
+    if name in FACTORIES:
+        return FACTORIES[name]()
     if name in NO_DRAFT or name in MODEL_FREE:
         return NgramDrafter() if name == "ngram" else PlainDecoding()
+    hybrid = split_hybrid(name)
+    if hybrid is not None:
+        model_drafter = load_drafter(hybrid[1], model, options, target_vocab=target_vocab)
+        if not isinstance(model_drafter, ModelDrafter):
+            raise BadOption(f"draft {name!r}: after the + comes a model backend, not {hybrid[1]!r}",
+                            param="draft")
+        return FACTORIES[HYBRID](model_drafter, name)
     cls = backend_class(name)
     peeked = cls.peek_vocab(model, role="draft", **cls.parse_options(options or {}))
     if peeked is not None:

@@ -43,6 +43,7 @@ class Event:
     finish_reason: str | None = None  # eos | length | context, on the last event
     t_prefill: float = 0.0  # prompt processing, on the first event
     n_passes: int = 1  # target passes this step made
+    source: str = "none"  # what drafted this step (drafter.source), "none" for a step without drafts
 
 
 @dataclass
@@ -119,7 +120,7 @@ def speculative_steps(target: BaseBackend, drafter: Drafter, prompt: Sequence[in
             done = "eos" if stop is not None else "length" if n_out >= max_tokens else None
             event = Event(tokens=new, kinds=kinds, k=kk, n_drafted=len(drafts), n_accepted=a,
                           t_draft=t_draft, t_target=t_target, t_other=clock.lap(), finish_reason=done,
-                          t_prefill=t_prefill)
+                          t_prefill=t_prefill, source=drafter.source if drafts else "none")
             t_prefill = 0.0
             policy.update(event)
             yield event

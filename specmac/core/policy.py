@@ -82,6 +82,22 @@ class AdaptiveK:
         # exploration budget: seconds decoded, and seconds drafting lost against plain decoding
         self.budget, self.elapsed, self.lost = float(budget), 0.0, 0.0
         self.horizon = horizon  # tokens the run will write at most (max_tokens), if known
+        # the draft's prefill (set_prefill): seconds per token of catching the draft up, and the
+        # tokens it has not seen (the prompt, then what steps without drafts added)
+        self.prefill_per_token, self.n_behind, self.n_out = 0.0, 0, 0
+
+    def set_prefill(self, per_token: float, n_prompt: int) -> None:
+        """The draft's prefill costs ``per_token`` seconds a token, and it has not seen the prompt's
+        ``n_prompt`` tokens: the first drafting step pays for them. Every S(K) then spreads that
+        over the tokens the run has left (``horizon``) and an exploring step counts it whole, so a
+        long prompt with a short answer is decoded plainly where the prefill cannot pay."""
+        self.prefill_per_token, self.n_behind = float(per_token), int(n_prompt)
+        if self.prior is not None:
+            self._k = self._best()
+
+    def prefill_s(self) -> float:
+        """Seconds the draft's catching up on what it has not seen will cost the next drafting step."""
+        return self.prefill_per_token * self.n_behind
 
     @property
     def prior(self) -> np.ndarray | None:
@@ -128,7 +144,10 @@ class AdaptiveK:
         else:
             m = posterior_moments(self.acc, self.trials - self.acc, self.k_max)
         e = np.cumsum(m)[ks]
-        return e * curve[1] / ((ks + m[ks]) * self.t_draft1() + curve[ks + 1])
+        # the draft's prefill, spread over the tokens left (a step writes e of them)
+        left = max(self.horizon - self.n_out, 1) if self.horizon else 0
+        share = self.prefill_s() / left if left else 0.0
+        return e * curve[1] / ((ks + m[ks]) * self.t_draft1() + curve[ks + 1] + e * share)
 
     def _best(self) -> int:
         """argmax S(K) where the posterior expects that K to pay (or always, with ``k_min`` 1).
@@ -149,7 +168,7 @@ class AdaptiveK:
             return k
         hope = self._speedups(True, curve)
         ks = np.arange(1, self.k_max + 1)
-        worst = ks * self.t_draft1() + curve[ks + 1] - curve[1]  # 1 token kept
+        worst = ks * self.t_draft1() + curve[ks + 1] - curve[1] + self.prefill_s()  # 1 token kept
         room = self.budget * max(self.elapsed, (self.horizon or 0) * curve[1]) - self.lost
         ok = (hope >= 1.0) & (worst <= room)
         return int(ks[ok][np.argmax(hope[ok])]) if ok.any() else 0
@@ -165,6 +184,8 @@ class AdaptiveK:
         """Fold one step's event into the estimates and choose the next K."""
         self.history.append(event.k)
         d, a = event.n_drafted, event.n_accepted
+        self.n_out += len(event.tokens)  # the draft has now seen all but the tokens it did not score
+        self.n_behind = len(event.tokens) - a + (0 < d == a) if d else self.n_behind + len(event.tokens)
         step = event.t_draft + event.t_target + event.t_other
         self.elapsed += step
         if d > 0:  # what plain decoding would have paid for these tokens, as the curve says now
@@ -191,5 +212,5 @@ class AdaptiveK:
                 "k_min": self.k_min, "t_draft1_ms": self.t_draft1() * 1e3,
                 "t_target1_ms": self.t_target(1) * 1e3, "calibrated": self.prior is not None,
                 "calibration_s": self.calibration_s, "calibration_cached": self.calibration_cached,
-                "exploration_lost_s": self.lost,
+                "exploration_lost_s": self.lost, "draft_prefill_per_token_ms": self.prefill_per_token * 1e3,
                 "k_history": list(self.history)}

@@ -25,8 +25,11 @@ class RunStats:
     t_other: float = 0.0
     t_prefill: float = 0.0  # prompt processing; not part of `seconds` (generation time)
     finish_reason: str | None = None
+    sources: dict[str, int] = field(default_factory=dict)  # steps by what drafted them ("none": no drafts)
 
     def add(self, e: Event) -> None:
+        if e.n_passes:
+            self.sources[e.source] = self.sources.get(e.source, 0) + 1
         self.t_prefill += e.t_prefill
         self.n_tokens += len(e.tokens)
         self.n_target_passes += e.n_passes
@@ -82,4 +85,5 @@ class RunStats:
             "prefill_seconds": self.t_prefill,
             "time_split": {"draft": self.t_draft, "verify": self.t_target, "other": self.t_other},
             "finish_reason": self.finish_reason,
+            "steps_by_source": dict(self.sources),
         }

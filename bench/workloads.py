@@ -1,0 +1,145 @@
+"""Which draft pays on which part of a workload: each category x (plain, model draft, n-gram, lookup, hybrid).
+
+    SPECMAC_CACHE=$(mktemp -d) flock /tmp/specmac-bench.lock python bench/workloads.py \
+        --per-category 1 --max-tokens 40 --repeats 2 --out results/workloads
+
+The packaged workload (specmac/data/workload.jsonl, whole conversations) through the target's chat
+template, on the Qwen2.5-Coder 1.5B Q4_K_M GGUF target with the 0.5B Q4_K_M draft, greedy, every
+configuration at ``--k`` (default auto) interleaved per prompt and round by compare's measurement
+(``specmac.compare.measure``: one warm-up round discarded). Writes results.json (the runs, the
+per-configuration and per-category aggregates, greedy identity with plain per prompt), a PNG of the
+speedups per category and README.md's tables. Run it with a fresh SPECMAC_CACHE: `--k auto` keeps the
+pass costs it probes, and a probe stalled by a busy machine would be kept for every later run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
+
+from specmac.compare.categories import ALL, by_category, category_markdown
+from specmac.compare.measure import PLAIN, Settings, aggregate, load_models, measure, parse_ks, parse_pairs
+from specmac.compare.results import _pyplot, provenance, save_figure, write_json
+from specmac.core.prompts import PACKAGED_WORKLOAD, read_prompts
+from specmac.core.sampling import SamplingParams
+
+DRAFTS = ["gguf", "ngram", "lookup", "lookup+gguf"]
+
+
+def pick(prompts: list[dict], per_category: int) -> list[dict]:
+    seen: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        if seen.get(p["category"], 0) < per_category:
+            seen[p["category"]] = seen.get(p["category"], 0) + 1
+            out.append(p)
+    return out
+
+
+def identity(runs: list[dict]) -> list[dict]:
+    """Per configuration and prompt: did every round's greedy output equal plain decoding's?"""
+    plain = {(r["prompt"], r["round"]): r["output_sha1"] for r in runs if r["draft"] == PLAIN}
+    out: dict[tuple, dict] = {}
+    for r in runs:
+        if r["draft"] == PLAIN:
+            continue
+        row = out.setdefault((r["config"], r["prompt"]), {"config": r["config"], "prompt": r["prompt"],
+                                                          "category": r["category"], "same": True})
+        row["same"] &= r["output_sha1"] == plain.get((r["prompt"], r["round"]))
+    return list(out.values())
+
+
+def medians(runs: list[dict]) -> list[str]:
+    """Per category and configuration: the median over runs of tokens/s over plain decoding's of the
+    same prompt and round (one stalled run cannot carry a category, as it can in a pooled ratio)."""
+    plain = {(r["prompt"], r["round"]): r for r in runs if r["draft"] == PLAIN}
+    cells: dict[tuple, list[tuple[float, float]]] = {}
+    for r in runs:
+        b = plain.get((r["prompt"], r["round"]))
+        if r["draft"] != PLAIN and b and r["tokens_per_second"] and b["tokens_per_second"]:
+            e2e, be2e = (x["n_tokens"] / (x["seconds"] + x["t_prefill"]) for x in (r, b))
+            for cat in (r["category"], ALL):
+                ratio = r["tokens_per_second"] / b["tokens_per_second"]
+                cells.setdefault((cat, r["config"]), []).append((ratio, e2e / be2e))
+    out = ["| category | configuration | runs | median speedup | median end-to-end speedup | range |",
+           "|---|---|---:|---:|---:|---|"]
+    for (cat, config), v in sorted(cells.items(), key=lambda kv: (kv[0][0] == ALL, kv[0][0])):
+        s, e = np.array(v).T
+        out.append(f"| {cat} | {config} | {len(v)} | {np.median(s):.2f}\u00d7 | {np.median(e):.2f}\u00d7 | "
+                   f"{s.min():.2f}\u2013{s.max():.2f} |")
+    return out + [""]
+
+
+def figure(cats: list[dict]):
+    plt = _pyplot()
+    categories = list(dict.fromkeys(r["category"] for r in cats))
+    configs = [c for c in dict.fromkeys(r["config"] for r in cats) if not c.startswith(PLAIN)]
+    fig, ax = plt.subplots(figsize=(10, 4.6))
+    width = 0.8 / max(len(configs), 1)
+    for j, c in enumerate(configs):
+        ys = [next((r.get("end_to_end_speedup") or 0 for r in cats
+                    if r["config"] == c and r["category"] == k), 0) for k in categories]
+        ax.bar([i + j * width for i in range(len(categories))], ys, width, label=c)
+    ax.axhline(1.0, color="k", ls="--", lw=1, label="plain = 1.0")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(categories))], categories, rotation=20, fontsize=8)
+    ax.set_ylabel("end-to-end speedup over plain (pooled)")
+    ax.set_title("Speedup per category (Qwen2.5-Coder 0.5B -> 1.5B Q4_K_M, greedy)", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, ncol=3)
+    return fig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_models_dir(ap)
+    ap.add_argument("--per-category", type=int, default=1, help="prompts per category")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--k", default="auto", help="K values as compare takes them (default auto)")
+    ap.add_argument("--out", type=Path, default=Path("results/workloads"))
+    args = ap.parse_args()
+    target, draft = str(args.models_dir / QWEN_15B_GGUF), str(args.models_dir / QWEN_05B_GGUF)
+    prompts = pick(read_prompts(PACKAGED_WORKLOAD, turns="all"), args.per_category)
+    settings = Settings(pairs=parse_pairs([f"{d}:gguf" for d in DRAFTS]), ks=parse_ks(args.k),
+                        prompts=prompts,
+                        params=SamplingParams(0.0), max_tokens=args.max_tokens, repeats=args.repeats,
+                        warmup_tokens=4, chat=True,
+                        backends={"gguf": {"target_model": target, "draft_model": draft}})
+    loaded = load_models(settings)
+    runs, interrupted = measure(settings, loaded, progress=lambda s: print(s, file=sys.stderr, flush=True),
+                                on_round=lambda runs: write_json(args.out / "runs_so_far.json", runs))
+    cats = by_category(runs)
+    same = identity(runs)
+    command = ("SPECMAC_CACHE=$(mktemp -d) flock /tmp/specmac-bench.lock python bench/workloads.py "
+               + shlex.join(sys.argv[1:]))
+    record = {"format": "specmac.bench.workloads/1", "interrupted": interrupted,
+              "provenance": provenance(command, [target, draft]), "settings": settings.to_dict(),
+              "prompt_tokens": {p["id"]: len(loaded.targets["gguf"].encode(settings.prompt_text(
+                  loaded.targets["gguf"], p))) for p in prompts},
+              "results": aggregate(runs, True), "categories": cats, "greedy_identity": same, "runs": runs}
+    write_json(args.out / "results.json", record)
+    save_figure(figure(cats), args.out / "speedup_by_category.png")
+    bad = [f"{r['config']} on {r['prompt']}" for r in same if not r["same"]]
+    lines = ["# Drafts per workload category (Qwen2.5-Coder 0.5B -> 1.5B Q4_K_M GGUF, greedy)", "",
+             f"`{command}`", "",
+             f"{len(prompts)} prompts ({', '.join(p['id'] for p in prompts)}; prompt tokens "
+             + ", ".join(f"{k} {v}" for k, v in record["prompt_tokens"].items())
+             + f") through the chat template, {args.max_tokens} new tokens, {args.repeats} rounds, "
+             f"K = {args.k}.",
+             "", f"Greedy output identical to plain decoding: {len(same) - len(bad)} of {len(same)} "
+             f"(configuration, prompt) pairs" + (f"; differs: {', '.join(bad)}" if bad else "") + ".", ""]
+    lines += category_markdown(cats) + ["## Medians per run", ""] + medians(runs)
+    lines += ["![speedup by category](speedup_by_category.png)", ""]
+    (args.out / "README.md").write_text("\n".join(lines), "utf-8")
+    for r in cats:
+        if r["category"] == ALL:
+            print(r["config"], r.get("speedup"), r.get("end_to_end_speedup"), r["sources"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""compare's table per prompt category: which configuration pays on which part of a workload.
+
+Pooled per (configuration, category): tokens/s as tokens over seconds (the decoding steps; end to
+end adds the target's prefill of the prompt), the speedup as that over the same target's plain
+decoding of the same prompts and rounds, acceptance and tokens per target pass. The overall line
+("all") pools every category, so it is weighted by tokens. Which drafter a hybrid chose is summed
+from the runs' ``sources`` counts.
+"""
+
+from __future__ import annotations
+
+from specmac.compare.settings import PLAIN
+
+ALL = "all"
+
+
+def by_category(runs: list[dict]) -> list[dict]:
+    """Rows per (configuration, category), each category's rows in first-seen order, then "all"."""
+    cats = list(dict.fromkeys(r.get("category") or "" for r in runs))
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in runs:
+        for cat in (r.get("category") or "", ALL):
+            groups.setdefault((r["config"], cat), []).append(r)
+    rows = []
+    for cat in [*cats, ALL]:
+        for (_config, c), rs in groups.items():
+            if c != cat:
+                continue
+            row = _row(rs, cat)
+            # the baseline pooled over the same prompts and rounds as this configuration's runs
+            keys = {(r["prompt"], r["round"]) for r in rs}
+            same = [r for r in groups.get((f"{PLAIN}:{row['target']}", cat), [])
+                    if (r["prompt"], r["round"]) in keys]
+            b = _pooled(same) if same else None
+            for key in ("tokens_per_second", "end_to_end_tokens_per_second"):
+                row[key.replace("tokens_per_second", "speedup")] = (
+                    row[key] / b[key] if b and b[key] and row[key] else None)
+            rows.append(row)
+    return rows
+
+
+def _pooled(rs: list[dict]) -> dict:
+    tokens = sum(r["n_tokens"] for r in rs)
+    seconds = sum(r["seconds"] for r in rs)
+    e2e = seconds + sum(r.get("t_prefill", 0.0) for r in rs)
+    return {"n_tokens": tokens, "seconds": seconds,
+            "tokens_per_second": tokens / seconds if seconds > 0 else None,
+            "end_to_end_tokens_per_second": tokens / e2e if e2e > 0 else None}
+
+
+def _row(rs: list[dict], category: str) -> dict:
+    first = rs[0]
+    spec = first["draft"] != PLAIN
+    drafted, accepted = sum(r["n_drafted"] for r in rs), sum(r["n_accepted"] for r in rs)
+    passes = sum(r["n_target_passes"] for r in rs)
+    p = _pooled(rs)
+    sources: dict[str, int] = {}
+    for r in rs:
+        for name, n in (r.get("sources") or {}).items():
+            sources[name] = sources.get(name, 0) + n
+    return {"config": first["config"], "draft": first["draft"], "target": first["target"], "k": first["k"],
+            "category": category, "n_runs": len(rs), **p,
+            "acceptance_rate": accepted / drafted if spec and drafted else None,
+            "tokens_per_target_pass": p["n_tokens"] / passes if spec and passes else None,
+            "sources": sources or None}
+
+
+def _fmt(v: float | None, spec: str, unit: str = "") -> str:
+    return "\u2013" if v is None else f"{v:{spec}}{unit}"
+
+
+def category_markdown(rows: list[dict]) -> list[str]:
+    """The per-category section of summary.md (nothing for a record without categories)."""
+    if not rows or {r["category"] for r in rows} <= {"", ALL}:
+        return []
+    out = ["## Per category", "",
+           "Pooled over the category's runs; speedup over the same target's plain decoding of the same "
+           "prompts and rounds; end to end counts the target's prefill of the prompt too; **all** pools "
+           "every category (weighted by tokens).", "",
+           "| category | configuration | K | tokens | tokens/s | speedup | end-to-end tokens/s | "
+           "end-to-end speedup | acceptance | tokens/pass | steps by source |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        cat = f"**{r['category']}**" if r["category"] == ALL else r["category"] or "(none)"
+        src = ", ".join(f"{k} {v}" for k, v in (r["sources"] or {}).items()) or "\u2013"
+        out.append(f"| {cat} | {r['config']} | {r['k'] or '–'} | {r['n_tokens']} | "
+                   f"{_fmt(r['tokens_per_second'], '.1f')} | {_fmt(r.get('speedup'), '.2f', '×')} | "
+                   f"{_fmt(r['end_to_end_tokens_per_second'], '.1f')} | "
+                   f"{_fmt(r.get('end_to_end_speedup'), '.2f', '×')} | {_fmt(r['acceptance_rate'], '.3f')} | "
+                   f"{_fmt(r['tokens_per_target_pass'], '.2f')} | {src} |")
+    return out + [""]

@@ -1,0 +1,240 @@
+"""A hybrid drafter (``--draft lookup+gguf``, ``ngram+mlx``, ...): prompt lookup or a model, per step.
+
+Each step it asks the lookup (free: no pass) for its draft and, from the costs of each source and
+its running acceptance, predicts tokens per second of three choices: the lookup's draft (cut to
+the width that pays best), the model's draft at the best K (K passes of the model, then a target
+pass of K + 1), and no draft (a plain step). It proposes the best. The model's prefill of what it
+has not seen (the whole prompt the first time it is asked; what lookup steps added since) is
+counted in that choice, spread over the tokens the run has left, so on a long prompt with a short
+answer the model is never started unless it pays for it. Costs come from ``HybridPolicy``: the
+K policy's measured target curve and draft pass (``k="auto"``), or, with a fixed K, the run's own
+step times (the target's) and the model's passes as they are timed; acceptance per source (the
+lookup's split by short and sure matches) from what the target kept, forgotten slowly.
+``source`` names the choice of the last proposal, so the loop's events (and the run's stats)
+say how often each source drafted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from specmac.core.costs import K_MAX
+from specmac.core.drafters import (
+    FACTORIES,
+    HYBRID,
+    Drafter,
+    ModelDrafter,
+    OneHotRows,
+    _common_prefix,
+)
+from specmac.core.lookup import LookupDrafter
+from specmac.core.policy import AdaptiveK
+
+NONE = "none"
+
+
+class HybridDrafter(Drafter):
+    """Lookup where its match pays, the model where it pays more, nothing where neither does."""
+
+    name = "hybrid"
+
+    def __init__(self, lookup: LookupDrafter, model: ModelDrafter, name: str = "lookup+model",
+                 decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 2.0) -> None:
+        self.lookup, self.model, self.label = lookup, model, name
+        self.backend = model.backend
+        self.model_source = model.backend.name
+        self.decay, self.prior = decay, (prior_alpha * prior_weight, prior_weight)
+        self.cost: Any = None  # a HybridPolicy gives the costs; without one every width costs alike
+        self.reset_run()
+
+    def reset_run(self) -> None:
+        self.acc = {s: list(self.prior) for s in ("lookup_short", "lookup_sure", "model")}
+        self.steps = {"lookup": 0, self.model_source: 0, NONE: 0}
+        self._source = NONE
+        self._pending: list[tuple[int, str, list[int]]] = []
+        self.model_started = False
+        self.model_prefill_s: float | None = None  # what the model's first proposal paid beyond its passes
+        self.t_model: list[float] = []  # seconds per model pass, from proposals with little to catch up
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def max_k(self, n_seq: int) -> int:
+        return self.model.max_k(n_seq)
+
+    def trim(self, n: int) -> None:
+        self.lookup.trim(n)
+        self.model.trim(n)
+        if n == 0:
+            self.reset_run()
+
+    # --- acceptance ---------------------------------------------------------------------------
+    def alpha(self, key: str) -> float:
+        a, n = self.acc[key]
+        return a / n
+
+    def _learn(self, seq) -> None:
+        """What the target kept of the last proposals: accepted drafts, and one rejection if the
+        committed text shows one. The lookup's draft is scored even where the model drafted (it
+        is free to have made): what the target wrote tells how far it would have been kept."""
+        for n0, key, drafts in self._pending:
+            got = [int(t) for t in seq[n0 : n0 + len(drafts)]]
+            a = _common_prefix(got, drafts, len(drafts))
+            rejected = a < len(drafts) and len(seq) > n0 + a
+            acc = self.acc[key]
+            acc[0] = self.decay * acc[0] + a
+            acc[1] = self.decay * acc[1] + a + rejected
+        self._pending = []
+
+    # --- the choice ---------------------------------------------------------------------------
+    def t_draft1(self) -> float:
+        if self.t_model:
+            return float(np.median(self.t_model[-16:]))
+        return self.cost.t_draft1() if self.cost is not None else 0.0
+
+    def choose(self, behind: int, k: int, n_lookup: int, lookup_key: str) -> tuple[str, int]:
+        """(source, width) with the most predicted tokens per second: ("lookup", m <= n_lookup),
+        (model, K <= k) or ("none", 0); ``behind``: the tokens the model has not seen."""
+        curve = self.cost.curve() if self.cost is not None else np.ones(K_MAX + 2)
+        top = len(curve) - 2
+        best = (NONE, 0, 1.0 / curve[1])  # plain decoding
+        if n_lookup:
+            m = np.arange(1, min(n_lookup, top) + 1)
+            e = _expected(self.alpha(lookup_key), m)
+            rate = e / curve[m + 1]
+            i = int(np.argmax(rate))
+            if rate[i] > best[2]:
+                best = ("lookup", int(m[i]), float(rate[i]))
+        if k:  # K is chosen under k="auto"; a fixed K is the user's
+            adaptive = self.cost is not None and self.cost.adaptive
+            ks = np.arange(1, min(k, top) + 1) if adaptive else np.array([k])
+            e = _expected(self.alpha("model"), ks)
+            td = self.t_draft1()
+            width = curve[np.minimum(ks + 1, top + 1)]
+            # the model's prefill of what it has not seen, spread over the tokens left (per step: e of them)
+            left = self.cost.tokens_left() if self.cost is not None else None
+            prefill = self.cost.prefill_s(behind) if self.cost is not None else 0.0
+            share = e * prefill / left if left else 0.0
+            rate = e / (ks * td + width + share)
+            i = int(np.argmax(rate))
+            if rate[i] > best[2]:
+                best = (self.model_source, int(ks[i]), float(rate[i]))
+        return best[0], best[1]
+
+    def propose(self, seq, k, params, rng, n_vocab):
+        self._learn(seq)
+        look, q_look = self.lookup.propose(seq, k, params, rng, n_vocab)
+        n = self.lookup.last_match
+        key = "lookup_sure" if n >= self.lookup.sure_match else "lookup_short"
+        if look:
+            self._pending.append((len(seq), key, look))
+        behind = len(seq) - (_common_prefix(self.model.seen, seq, len(seq) - 1) if self.model_started else 0)
+        source, width = self.choose(behind, k, len(look), key)
+        self._source = source
+        self.steps[source] += 1
+        if source == NONE:
+            return [], None
+        if source == "lookup":
+            drafts = look[:width]
+            return drafts, (None if q_look is None else OneHotRows(drafts, n_vocab))
+        t0 = time.perf_counter()
+        drafts, q = self.model.propose(seq, width, params, rng, n_vocab)
+        dt = time.perf_counter() - t0
+        if not self.model_started:
+            self.model_started = True
+            self.model_prefill_s = max(dt - width * self.t_draft1(), 0.0) if self.t_model or self.cost else dt
+        elif behind <= 2:
+            self.t_model.append(dt / width)
+        self._pending.append((len(seq), "model", drafts))
+        return drafts, q
+
+    def info(self) -> dict:
+        return {**self.model.info(), "drafter": self.label, "lookup": self.lookup.info(),
+                "steps_by_source": dict(self.steps), "model_prefill_s": self.model_prefill_s,
+                "alpha": {k: self.alpha(k) for k in self.acc}}
+
+
+def _expected(alpha: float, ks: np.ndarray) -> np.ndarray:
+    """E(K) = sum_{j=0..K} alpha^j: expected tokens of a step with K drafts."""
+    return np.array([np.sum(alpha ** np.arange(int(k) + 1)) for k in ks])
+
+
+class HybridPolicy:
+    """Wraps the run's K policy for a hybrid drafter: the loop asks it for K and tells it each
+    event; it hands the drafter the costs (the inner policy's target curve and draft pass where
+    it has them, ``k="auto"``; else the steps' own times) and the tokens the run has left."""
+
+    def __init__(self, inner: Any, drafter: HybridDrafter, horizon: int | None = None,
+                 prefill_per_token: float | None = None) -> None:
+        self.inner, self.drafter, self.horizon = inner, drafter, horizon
+        self.label = getattr(inner, "label", "fixed")
+        self.adaptive = isinstance(inner, AdaptiveK)
+        self.prefill_per_token = prefill_per_token  # seconds the draft's prefill takes per token
+        self.n_out = 0
+        self.n_seen = np.zeros(K_MAX + 2)
+        self.t_seen = np.zeros(K_MAX + 2)
+        self.t_prefill_target = 0.0
+        self.n_prefill_target = 0
+        self._curve: np.ndarray | None = None
+        drafter.cost = self
+        if hasattr(inner, "k"):
+            self.k = inner.k
+
+    def next_k(self) -> int:
+        if self.adaptive:  # the drafter picks the width per source: allow the widest measured
+            costs = self.inner.costs
+            if costs.t1_doubted and not costs.n_seen[1]:
+                return 0  # the inner policy doubts the probe's T(1): one plain step times it again
+            return int(self.inner.k_max)
+        return self.inner.next_k()
+
+    def update(self, event: Any) -> None:
+        self.n_out += len(event.tokens)
+        if event.t_prefill:
+            self.t_prefill_target = event.t_prefill
+        n = event.n_drafted + 1
+        if event.n_passes and n < len(self.n_seen):
+            self.n_seen[n] += 1
+            self.t_seen[n] += event.t_target + event.t_other
+        self.inner.update(event)
+        self._curve = None
+
+    def curve(self) -> np.ndarray:
+        """[K_MAX + 2] seconds of a target step per width n: the inner policy's estimate, or the
+        steps' own mean per width (a width not seen costs what the nearest seen narrower one does)."""
+        if self._curve is None:
+            if self.adaptive:
+                self._curve = np.asarray(self.inner.costs.curve(), float)
+            else:
+                seen = self.n_seen > 0
+                if not seen.any():
+                    return np.ones(K_MAX + 2)
+                mean = np.where(seen, self.t_seen / np.maximum(self.n_seen, 1), np.nan)
+                first = mean[np.flatnonzero(seen)[0]]
+                mean[0] = first if np.isnan(mean[1]) else mean[1]
+                for i in range(1, len(mean)):
+                    if np.isnan(mean[i]):
+                        mean[i] = mean[i - 1]
+                self._curve = mean
+        return self._curve
+
+    def t_draft1(self) -> float:
+        return self.inner.costs.prior_draft if self.adaptive else 0.0
+
+    def tokens_left(self) -> int | None:
+        return None if self.horizon is None else max(self.horizon - self.n_out, 1)
+
+    def prefill_s(self, n_tokens: int) -> float:
+        """Predicted seconds of the draft's prefill of n_tokens: measured per token where known."""
+        return n_tokens * self.prefill_per_token if self.prefill_per_token else 0.0
+
+    def info(self) -> dict:
+        base = self.inner.info() if hasattr(self.inner, "info") else {"policy": self.label}
+        return base | {"hybrid": self.drafter.info()}
+
+
+FACTORIES[HYBRID] = lambda model, name: HybridDrafter(LookupDrafter(), model, name=name)

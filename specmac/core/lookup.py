@@ -1,0 +1,174 @@
+"""Prompt lookup that bets only when it should (``--draft lookup``): no model, pure numpy.
+
+An index of every n-gram of the committed text (prompt and output), keyed by the n-gram for each
+length n in min_match..max_match and holding the positions where it ended, is updated as the text
+grows (a few dict insertions a token, never a rescan). A step looks up the longest suffix of the
+text that occurred before; the occurrences' continuations are candidate drafts, ranked by how
+often each token followed (ties: the latest). The draft follows the majority while more than
+``agree`` of the still-consistent continuations agree, and stops where they part, so its length
+comes from how far earlier continuations agree. Below ``min_match`` tokens of match, or where
+short matches (under ``sure_match``) have kept being rejected in this run, it proposes nothing:
+the step is a plain one and costs what plain decoding costs.
+
+The drafter learns what was kept from the next committed sequence (the part of its last draft
+that the target kept), so it needs nothing from the loop beyond the contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specmac.core.drafters import FACTORIES, Drafter, OneHotRows
+
+
+class NgramIndex:
+    """n-gram -> end positions (ascending) for n in [n_min, n_max], over a growing token list."""
+
+    def __init__(self, n_min: int, n_max: int) -> None:
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self.ends: list[dict[tuple, list[int]]] = [{} for _ in range(n_max + 1)]
+
+    def extend(self, new: Sequence[int]) -> None:
+        for t in new:
+            self.tokens.append(int(t))
+            i = len(self.tokens) - 1
+            for n in range(self.n_min, min(self.n_max, i + 1) + 1):
+                self.ends[n].setdefault(tuple(self.tokens[i - n + 1 : i + 1]), []).append(i)
+
+    def truncate(self, m: int) -> None:
+        """Forget every token from position m on (and the n-grams ending there)."""
+        for i in range(len(self.tokens) - 1, m - 1, -1):
+            for n in range(self.n_min, min(self.n_max, i + 1) + 1):
+                key = tuple(self.tokens[i - n + 1 : i + 1])
+                ends = self.ends[n][key]
+                ends.pop()  # i is the last end of its key: later ones went first
+                if not ends:
+                    del self.ends[n][key]
+        del self.tokens[m:]
+
+    def longest_match(self) -> tuple[int, list[int]]:
+        """(n, earlier end positions) of the longest suffix of the text (n <= n_max) that occurred
+        before, the latest first; (0, []) when even n_min tokens never did."""
+        last = len(self.tokens) - 1
+        for n in range(min(self.n_max, last), self.n_min - 1, -1):
+            ends = self.ends[n].get(tuple(self.tokens[last - n + 1 :]))
+            if ends and len(ends) > 1:
+                return n, ends[-2::-1]
+        return 0, []
+
+
+class LookupDrafter(Drafter):
+    """Longest earlier match of the text's suffix; drafts as far as its continuations agree."""
+
+    name = "lookup"
+
+    def __init__(self, min_match: int = 3, max_match: int = 8, agree: float = 0.5,
+                 max_candidates: int = 8, sure_match: int = 6, min_accept: float = 0.3) -> None:
+        if not 1 <= min_match <= max_match:
+            raise ValueError(f"min_match {min_match} and max_match {max_match} are out of range: use "
+                             "1 <= min_match <= max_match")
+        self.min_match, self.max_match, self.agree = min_match, max_match, agree
+        self.max_candidates, self.sure_match, self.min_accept = max_candidates, sure_match, min_accept
+        self.index = NgramIndex(min_match, max_match)
+        self._pending: tuple[int, int, list[int]] | None = None  # (len(seq), match length, drafts)
+        # per match length: first drafts proposed and accepted in this run (for the short-match gate)
+        self.tried = np.zeros(max_match + 1)
+        self.kept = np.zeros(max_match + 1)
+        self.n_proposed = self.n_declined = 0
+        self.last_match = 0
+
+    def max_k(self, n_seq: int) -> int:
+        return 1 << 30
+
+    def trim(self, n: int) -> None:
+        if n < len(self.index.tokens):
+            self.index.truncate(n)
+        if n == 0:  # a new run: what was learnt about this text is forgotten
+            self.tried[:] = self.kept[:] = 0
+            self._pending = None
+
+    def _sync(self, seq: Sequence[int]) -> None:
+        """Index exactly seq: append what is new (the loop only appends between trims)."""
+        m = len(self.index.tokens)
+        if m > len(seq) or (m and int(seq[m - 1]) != self.index.tokens[-1]):
+            m = _common_prefix(self.index.tokens, seq)
+            self.index.truncate(m)
+        self.index.extend(seq[m:])
+
+    def _learn(self, seq: Sequence[int]) -> None:
+        """Score the last proposal against what the target kept (its first draft, by match length)."""
+        if self._pending is None:
+            return
+        n0, n, drafts = self._pending
+        self._pending = None
+        if len(seq) > n0:
+            self.tried[n] += 1
+            self.kept[n] += int(seq[n0]) == drafts[0]
+
+    def candidates(self, seq: Sequence[int], k: int) -> tuple[int, list[tuple[list[int], int]]]:
+        """(match length, [(continuation [<= k], how many occurrences it followed), ...]) ranked
+        by count, then by recency: the distinct continuations of the longest earlier match."""
+        self._sync(seq)
+        n, ends = self.index.longest_match()
+        toks = self.index.tokens
+        counts: dict[tuple, int] = {}
+        for e in ends[: self.max_candidates]:
+            cont = tuple(toks[e + 1 : e + 1 + k])
+            if cont:
+                counts[cont] = counts.get(cont, 0) + 1
+        return n, sorted(([list(c), m] for c, m in counts.items()), key=lambda cm: -cm[1])
+
+    def draft(self, seq: Sequence[int], k: int) -> tuple[list[int], int]:
+        """(drafts [<= k], match length): the majority continuation while ``agree`` of the
+        occurrences still consistent with it agree; [] when no match is worth a bet."""
+        self._sync(seq)
+        n, ends = self.index.longest_match()
+        self.last_match = n
+        if n == 0 or k < 1:
+            return [], n
+        if n < self.sure_match and self.tried[n] >= 4:  # a short match that keeps being rejected
+            if self.kept[n] + 1 < self.min_accept * (self.tried[n] + 2):  # Beta(1, 1) prior
+                return [], n
+        toks, L = self.index.tokens, len(self.index.tokens)
+        alive = ends[: self.max_candidates]  # latest first
+        out: list[int] = []
+        for j in range(k):
+            nexts = [toks[e + 1 + j] for e in alive if e + 1 + j < L]
+            if not nexts:
+                break
+            counts: dict[int, int] = {}
+            for t in nexts:
+                counts[t] = counts.get(t, 0) + 1
+            best = max(counts, key=lambda t: (counts[t], -nexts.index(t)))  # ties: the latest
+            if counts[best] <= self.agree * len(nexts):  # a tie is no majority
+                break
+            out.append(best)
+            alive = [e for e in alive if e + 1 + j < L and toks[e + 1 + j] == best]
+        return out, n
+
+    def propose(self, seq, k, params, rng, n_vocab):
+        self._learn(seq)
+        drafts, n = self.draft(seq, k)
+        if drafts:
+            self._pending = (len(seq), n, drafts)
+            self.n_proposed += 1
+        else:
+            self.n_declined += 1
+        return drafts, (None if params.greedy else OneHotRows(drafts, n_vocab))
+
+    def info(self) -> dict:
+        return {"drafter": self.name, "min_match": self.min_match, "max_match": self.max_match,
+                "agree": self.agree, "sure_match": self.sure_match, "min_accept": self.min_accept}
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    x, y = np.asarray(a[:n]), np.asarray(b[:n])
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if len(diff) else n
+
+
+FACTORIES["lookup"] = LookupDrafter

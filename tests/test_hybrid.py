@@ -1,0 +1,165 @@
+"""The hybrid drafter (LOOKUP+BACKEND): exact on every pairing, its choices, what it records."""
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specmac.api import Pair
+from specmac.backends import load_backend
+from specmac.cli import main
+from specmac.compare.settings import parse_pair
+from specmac.core.costs import K_MAX
+from specmac.core.drafters import ModelDrafter, split_hybrid
+from specmac.core.hybrid import HybridDrafter, HybridPolicy
+from specmac.core.lookup import LookupDrafter
+from specmac.core.policy import FixedK
+from specmac.core.sampling import SamplingParams
+from specmac.errors import BadOption
+from tests.conftest import skip_unless_installed
+
+GREEDY = SamplingParams(0.0)
+MODELS = ["gguf", "mlx", "torch"]
+PROMPT = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n\n\ndef add("
+
+
+def _skip(*names):
+    for n in names:
+        mark = skip_unless_installed(n)
+        if mark.args[0]:
+            pytest.skip(mark.kwargs["reason"])
+
+
+def _opts(name):
+    return {"dtype": "float32"} if name == "torch" else None  # the fp32 / F16 embedded weights
+
+
+@pytest.mark.parametrize("target", MODELS)
+@pytest.mark.parametrize("draft", MODELS)
+def test_greedy_hybrid_equals_plain_on_every_embedded_pairing(draft, target):
+    _skip(draft, target)
+    pair = Pair.load(target, f"lookup+{draft}", target_options=_opts(target), draft_options=_opts(draft))
+    assert isinstance(pair.drafter, HybridDrafter) and pair.drafter.backend.name == draft
+    spec = pair.generate(PROMPT, params=GREEDY, k=4, max_tokens=40)
+    plain = pair.plain().generate(PROMPT, params=GREEDY, k=1, max_tokens=40)
+    assert spec.token_ids == plain.token_ids
+    assert sum(spec.stats.sources.values()) == spec.stats.n_target_passes
+    assert spec.stats.n_drafted > 0
+
+
+def test_ngram_plus_is_the_same_hybrid_and_auto_is_exact():
+    _skip("gguf")
+    pair = Pair.load("gguf", "ngram+gguf")
+    assert isinstance(pair.drafter, HybridDrafter) and pair.drafter.label == "ngram+gguf"
+    spec = pair.generate(PROMPT, params=GREEDY, k="auto", max_tokens=40)
+    assert spec.token_ids == pair.plain().generate(PROMPT, params=GREEDY, k=1, max_tokens=40).token_ids
+
+
+class Costs:
+    """A HybridPolicy stand-in: a target curve, a draft pass, a prefill rate, tokens left."""
+
+    adaptive = True
+
+    def __init__(self, t1=1.0, beta=0.0, td=0.1, prefill=0.0, left=100):
+        self._curve = t1 * (1 + beta * (np.arange(K_MAX + 2) - 1.0))
+        self._curve[0] = t1
+        self.td, self.rate, self.left = td, prefill, left
+
+    def curve(self):
+        return self._curve
+
+    def t_draft1(self):
+        return self.td
+
+    def tokens_left(self):
+        return self.left
+
+    def prefill_s(self, n):
+        return n * self.rate
+
+
+def hybrid(**costs):
+    model = ModelDrafter(load_backend("synthetic", None, None, role="draft"))
+    h = HybridDrafter(LookupDrafter(), model, name="lookup+synthetic")
+    h.cost = Costs(**costs)
+    return h
+
+
+def test_choice_follows_costs_and_acceptance():
+    h = hybrid()
+    h.acc["lookup_sure"] = [9.0, 10.0]  # lookup kept 90%
+    assert h.choose(50, 8, 6, "lookup_sure")[0] == "lookup"
+    assert h.choose(50, 8, 0, "lookup_sure")[0] == "synthetic"  # no match: the model
+    h.acc["lookup_short"] = [0.1, 10.0]
+    assert h.choose(50, 8, 6, "lookup_short")[0] == "synthetic"  # a match that is rarely kept
+    # on a serial target (every width costs its tokens) with a costly draft nothing pays
+    h = hybrid(beta=1.0, td=0.5)
+    assert h.choose(50, 8, 0, "lookup_short") == ("none", 0)
+
+
+def test_prefill_of_a_long_prompt_keeps_the_model_off_a_short_run():
+    # a draft pass costs 0.1 of the target's; its prefill 0.02 of a pass per token
+    long_short = hybrid(prefill=0.02, left=8)
+    assert long_short.choose(2000, 8, 0, "lookup_short") == ("none", 0)  # 40 passes of prefill for 8 tokens
+    long_long = hybrid(prefill=0.02, left=4000)
+    assert long_long.choose(2000, 8, 0, "lookup_short")[0] == "synthetic"  # paid back over a long run
+    assert not long_short.model_started
+
+
+def test_run_records_steps_by_source():
+    pair = Pair.load("synthetic", "lookup+synthetic", target_options={"latency_ms": 0.0})
+    text = "abcdefgh" * 8
+    g = pair.generate(text, params=GREEDY, k=4, max_tokens=24)
+    assert g.stats.sources.get("lookup", 0) > 0
+    assert sum(g.stats.sources.values()) == g.stats.n_target_passes
+    assert g.to_dict()["steps_by_source"] == g.stats.sources
+    info = pair.drafter.info()
+    assert info["drafter"] == "lookup+synthetic"
+    assert set(info["steps_by_source"]) == {"lookup", "synthetic", "none"}
+
+
+def test_hybrid_policy_wraps_fixed_and_auto():
+    pair = Pair.load("synthetic", "lookup+synthetic")
+    fixed = pair.policy(3, 16)
+    assert isinstance(fixed, HybridPolicy) and isinstance(fixed.inner, FixedK) and fixed.next_k() == 3
+    assert pair.policy(fixed) is fixed
+    auto = pair.timed_auto_policy(16, 10)
+    assert isinstance(auto, HybridPolicy) and auto.adaptive and auto.next_k() == auto.inner.k_max
+
+
+def test_names_parse_everywhere():
+    assert split_hybrid("lookup+gguf") == ("lookup", "gguf") and split_hybrid("gguf") is None
+    for bad in ("foo+gguf", "lookup+", "lookup+gguf+mlx"):
+        with pytest.raises(BadOption):
+            split_hybrid(bad)
+    assert parse_pair("lookup+synthetic:synthetic").draft_backend == "synthetic"
+    assert parse_pair("lookup:synthetic").draft == "lookup"
+    for bad in ("lookup+nope:synthetic", "foo+synthetic:synthetic", "lookup:lookup"):
+        with pytest.raises(BadOption):
+            parse_pair(bad)
+    with pytest.raises(BadOption, match="model backend"):
+        Pair.load("synthetic", "lookup+ngram")
+
+
+def test_cli_run_and_compare_take_a_hybrid(tmp_path):
+    res = CliRunner().invoke(main, ["run", "--draft", "lookup+synthetic", "--target", "synthetic", "--k", "3",
+                                    "--max-tokens", "12", "--json", "abcabcabcabc"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["run", "--draft", "foo+synthetic", "--target", "synthetic", "x"])
+    assert res.exit_code == 2 and "LOOKUP+BACKEND" in res.output
+    out = tmp_path / "cmp"
+    res = CliRunner().invoke(main, ["compare", "--pair", "lookup+synthetic:synthetic",
+                                    "--pair", "lookup:synthetic",
+                                    "--k", "3", "--repeats", "1", "--n-prompts", "2", "--max-tokens", "12",
+                                    "--draft-opt", "synthetic:noise=0.2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "steps by source" in (out / "summary.md").read_text()
+
+
+def test_a_doubted_t1_probe_gets_its_plain_step():
+    pair = Pair.load("synthetic", "lookup+synthetic")
+    policy = pair.timed_auto_policy(16, 10)
+    assert policy.next_k() == policy.inner.k_max
+    policy.inner.costs.t1_doubted = True  # what AdaptiveK sets when wider passes beat T(1) by half
+    assert policy.next_k() == 0
+    policy.inner.costs.n_seen[1] = 1  # the plain step was timed
+    assert policy.next_k() == policy.inner.k_max

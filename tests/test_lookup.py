@@ -1,0 +1,120 @@
+"""The lookup drafter: its index against a brute-force reference, its bets, and exactness."""
+
+import numpy as np
+import pytest
+
+from specmac.api import Pair
+from specmac.backends import load_backend
+from specmac.core.drafters import load_drafter
+from specmac.core.lookup import LookupDrafter, NgramIndex
+from specmac.core.sampling import SamplingParams
+from tests.conftest import skip_unless_installed
+
+GREEDY = SamplingParams(0.0)
+RNG = np.random.default_rng(0)
+
+
+def propose(d, seq, k):
+    return d.propose(list(seq), k, GREEDY, RNG, 100)[0]
+
+
+def test_prompt_lookup_cases_like_llama_cpp_python():
+    # the cases of llama-cpp-python's prompt-lookup test, with a 2-token minimum match
+    assert propose(LookupDrafter(min_match=2, max_match=3), [1, 2, 3, 1, 2, 3, 1, 2, 3], 2) == [1, 2]
+    assert propose(LookupDrafter(min_match=2, max_match=3), [1, 2, 3, 4, 5, 6], 2) == []
+
+
+def test_one_token_match_is_no_bet():
+    d = LookupDrafter(min_match=2)
+    assert propose(d, [5, 1, 7, 8, 9, 1], 4) == []  # only "1" recurs
+    assert propose(d, [5, 1, 7, 8, 9, 5, 1], 4) == [7, 8, 9, 5]  # "5 1" recurs
+
+
+def test_longest_match_wins_over_a_later_shorter_one():
+    #            longest earlier match of the suffix [3, 4, 5] is at 0..2 (continues 6 7);
+    #            [4, 5] alone also occurs later (continues 9)
+    seq = [3, 4, 5, 6, 7, 0, 4, 5, 9, 1, 3, 4, 5]
+    assert propose(LookupDrafter(min_match=2), seq, 2) == [6, 7]
+
+
+def test_candidates_ranked_by_how_often_they_followed():
+    seq = [1, 2, 7, 0, 1, 2, 8, 0, 1, 2, 7, 0, 1, 2]
+    d = LookupDrafter(min_match=2, max_match=2)
+    n, cands = d.candidates(seq, 2)
+    assert n == 2 and cands == [[[7, 0], 2], [[8, 0], 1]]
+    assert propose(d, seq, 3) == [7, 0, 1]  # majority 7 (2 of 3), then the two 7-continuations agree
+
+
+def test_draft_stops_where_continuations_part():
+    # "1 2" was followed by 3 4 5 and by 3 4 6: agree on 3 4, part at the third token
+    seq = [1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 0, 1, 2]
+    assert propose(LookupDrafter(min_match=2, max_match=2), seq, 8) == [3, 4]
+    # with one occurrence only, it drafts up to k
+    assert propose(LookupDrafter(min_match=2, max_match=2), [1, 2, 3, 4, 5, 0, 1, 2], 3) == [3, 4, 5]
+
+
+def test_short_matches_that_keep_failing_are_dropped():
+    d = LookupDrafter(min_match=2, max_match=4, sure_match=4, max_candidates=32)
+    seq = [1, 2, 9] * 8 + [1, 2]
+    assert propose(d, seq, 1) == [9]  # a 4-token match: sure enough, never gated
+    for i in range(4):  # each time the 2-token match "1 2" predicts 9, the target writes another token
+        seq = seq + [50 + i, 1, 2]
+        assert propose(d, seq, 1) == [9]
+    seq = seq + [60, 1, 2]
+    assert propose(d, seq, 1) == []  # 0 of 4 kept at this match length: no more bets on it
+    assert d.tried[2] == 4 and d.kept[2] == 0 and d.tried[4] == 1
+    d.trim(0)  # a new run forgets it
+    assert propose(d, seq, 1) == [9]
+
+
+def brute_longest(seq, n_min, n_max):
+    last = len(seq) - 1
+    for n in range(min(n_max, last), n_min - 1, -1):
+        tail = seq[-n:]
+        ends = [e for e in range(n - 1, last) if seq[e - n + 1 : e + 1] == tail]
+        if ends:
+            return n, ends[::-1]
+    return 0, []
+
+
+def test_index_matches_brute_force_and_survives_truncation():
+    rng = np.random.default_rng(1)
+    for _trial in range(30):
+        seq = [int(t) for t in rng.integers(0, 4, size=60)]
+        idx = NgramIndex(2, 5)
+        for i in range(1, len(seq) + 1):  # grown one token at a time, as a run grows it
+            idx.extend(seq[i - 1 : i])
+            assert idx.longest_match() == brute_longest(seq[:i], 2, 5)
+        cut = int(rng.integers(0, 60))
+        idx.truncate(cut)
+        fresh = NgramIndex(2, 5)
+        fresh.extend(seq[:cut])
+        assert idx.tokens == fresh.tokens and idx.ends == fresh.ends
+
+
+def test_sync_follows_a_sequence_that_is_not_an_extension():
+    d = LookupDrafter(min_match=2)
+    propose(d, [1, 2, 3, 1, 2], 2)
+    assert propose(d, [7, 8, 7, 8, 7], 2) == [8, 7]  # a different text: re-indexed, not appended
+
+
+def test_load_drafter_and_sampled_q_is_one_hot():
+    vocab = load_backend("synthetic", None, None, role="target").vocab
+    d = load_drafter("lookup", target_vocab=vocab)
+    assert isinstance(d, LookupDrafter) and d.backend is None
+    drafts, q = d.propose([1, 2, 3, 1, 2, 3, 1, 2], 2, SamplingParams(1.0), RNG, 10)
+    assert drafts == [3, 1] and q[0][3] == 1.0 and q[0].sum() == 1.0
+
+
+@pytest.mark.parametrize("backend", ["gguf", "torch", "mlx"])
+def test_greedy_lookup_equals_plain_on_the_embedded_target(backend):
+    skip = skip_unless_installed(backend)
+    if skip.args[0]:
+        pytest.skip(skip.kwargs["reason"])
+    opts = {"dtype": "float32"} if backend == "torch" else None
+    pair = Pair.load(backend, "lookup", target_options=opts)
+    prompt = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n"
+    spec = pair.generate(prompt, params=GREEDY, k=6, max_tokens=48)
+    plain = pair.plain().generate(prompt, params=GREEDY, k=1, max_tokens=48)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.n_drafted > 0  # it did bet, and was kept exact
