@@ -145,7 +145,8 @@ class Pair:
     def generate(self, prompt: str | Sequence[int], **kw) -> Generation:
         prompt = self.encode(prompt)
         policy = self._resolve(kw.pop("k", K_DEFAULT), kw.get("max_tokens", MAX_TOKENS), len(prompt))
-        stats = RunStats(k=policy.k if isinstance(policy, FixedK) else getattr(policy, "label", "auto"))
+        inner = getattr(policy, "inner", policy)  # a hybrid's policy wraps the run's own
+        stats = RunStats(k=inner.k if isinstance(inner, FixedK) else getattr(policy, "label", "auto"))
         prediction = kw.pop("prediction", None)
         if prediction is not None and not isinstance(prediction, PredictionDrafter):
             prediction = self.prediction_drafter(prediction)

@@ -98,7 +98,8 @@ def generate_events(pair: Pair, ids: list[int], on_event: Callable[[Event], None
 
 def summarize(events: list[Event], k: KPolicy | None, speculative: bool,
               interrupted: bool) -> tuple[RunStats, dict]:
-    fixed = k.k if isinstance(k, FixedK) else None
+    inner = getattr(k, "inner", k)  # a hybrid's policy wraps the run's own
+    fixed = inner.k if isinstance(inner, FixedK) else None
     stats = RunStats(k=fixed if fixed is not None or k is None else getattr(k, "label", "auto"))
     for e in events:
         stats.add(e)
