@@ -236,3 +236,26 @@ def test_a_near_tie_of_k_goes_to_the_smaller_k():
     assert best(flat, 0.5, 6) == (6, 2.53)  # the control: the argmax
     assert best(flat, 0.5, 6, K_TIE) == (3, 2.50)
     assert best(flat, 0.5, 6, 0.001) == (6, 2.53)  # 2.52 is not within 0.1% of 2.53
+
+
+def test_advise_predicts_the_coupled_samplers_acceptance():
+    """Under --sampler coupled advise predicts acceptance from the coupled race, which is lower than
+    the rejection rule's sum min(p, q) and at least (1 - TV) / (1 + TV); over the top ids of a large
+    vocabulary it matches the exact race on the whole one."""
+    from specmac.advise.predict import coupled_rate
+    from specmac.core.rejection import coupled_acceptance
+
+    rng = np.random.default_rng(0)
+    p, q = (rng.dirichlet(np.full(300, 0.05)) for _ in range(2))
+    overlap = np.minimum(p, q).sum()
+    tv = 1 - overlap
+    exact = coupled_acceptance(p, q)
+    assert (1 - tv) / (1 + tv) - 1e-12 <= exact <= overlap + 1e-12
+    assert coupled_rate(p, q) == pytest.approx(exact, abs=0.02)
+    r = rank("--backends", "synthetic", "--k-max", "4", "--run-tokens", "16", "--temperature", "1",
+             "--sampler", "coupled")
+    rejection = rank("--backends", "synthetic", "--k-max", "4", "--run-tokens", "16", "--temperature", "1")
+    alpha = {(a["draft"], a["target"]): a["alpha"] for a in r["acceptance"]}
+    alpha_rej = {(a["draft"], a["target"]): a["alpha"] for a in rejection["acceptance"]}
+    model = next(k for k in alpha if not k[0].startswith("ngram"))
+    assert alpha[model] < alpha_rej[model]

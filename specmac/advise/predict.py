@@ -18,6 +18,7 @@ import numpy as np
 
 from specmac.advise.measure import Probe
 from specmac.core.costs import draft_passes, expected_tokens, fit_beta, why_not
+from specmac.core.rejection import coupled_acceptance
 from specmac.core.sampling import SamplingParams
 from specmac.errors import SpecmacError
 
@@ -33,9 +34,23 @@ def chances(draft: Probe, target: Probe, params: SamplingParams) -> list[list[li
             out.append([[float(t == p[i + j]) if params.greedy else float(p[i + j][t])
                          for j, t in enumerate(prop[: len(p) - i])] for i, prop in enumerate(q)])
             continue
-        a = (q == p).astype(float) if params.greedy else np.minimum(p, q).sum(axis=-1)
+        if params.greedy:
+            a = (q == p).astype(float)
+        elif getattr(params, "sampler", "rejection") == "coupled":  # the coupled sampler's race
+            a = np.array([coupled_rate(pi, qi) for pi, qi in zip(p, q)])
+        else:
+            a = np.minimum(p, q).sum(axis=-1)
         out.append([list(a[i:]) for i in range(len(a))])
     return out
+
+
+def coupled_rate(p: np.ndarray, q: np.ndarray, top: int = 64) -> float:
+    """The coupled sampler's acceptance at one position (``coupled_acceptance``) over the ids that
+    carry the mass: the union of p's and q's ``top`` most likely ids (the rest can add at most the
+    mass left out, which a full vocabulary's O(V^2) race cannot afford to count)."""
+    ids = np.union1d(np.argpartition(p, -top)[-top:], np.argpartition(q, -top)[-top:]) \
+        if len(p) > top else np.arange(len(p))
+    return coupled_acceptance(p[ids], q[ids])
 
 
 @dataclass
