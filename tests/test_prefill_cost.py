@@ -1,5 +1,6 @@
 """k="auto" counts the draft's prefill of the prompt against what drafting can win in the run."""
 
+import numpy as np
 import pytest
 
 from specmac.api import Pair
@@ -64,3 +65,18 @@ def test_catching_up_after_plain_steps_counts_too():
     assert p.n_behind == 1
     p.update(E(4, 4, 5))  # all kept: it has not scored the last draft nor the bonus token
     assert p.n_behind == 2 and p.n_out == 9
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-1.0", "0.0"])
+def test_a_kept_prefill_rate_that_lies_is_measured_again(tmp_path, monkeypatch, bad):
+    """The kept prefill rate is evidence like the pass costs: NaN, Inf or <= 0 is measured again."""
+    from specmac.backends import load_backend
+    from specmac.core import calibration
+
+    monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path))
+    draft = load_backend("synthetic", None, {"latency_ms": 0.5}, role="draft")
+    first = calibration.cached_prefill_per_token(draft)
+    (path,) = calibration.costs_dir().glob("prefill-*.json")
+    path.write_text(path.read_text().replace(repr(first), bad, 1).replace(str(first), bad, 1))
+    again = calibration.cached_prefill_per_token(draft)
+    assert np.isfinite(again) and again > 0

@@ -81,7 +81,7 @@ def cached_prefill_per_token(backend: BaseBackend) -> float:
     path = costs_dir() / f"prefill-{key}.json"
     try:
         kept = float(json.loads(path.read_text())["per_token"])
-        if kept > 0:
+        if math.isfinite(kept) and kept > 0 and not remeasure_asked():  # NaN, Inf, <= 0: measured again
             return kept
     except (OSError, ValueError, KeyError, TypeError):
         pass
