@@ -318,3 +318,15 @@ def test_loopback_is_told_apart():
 
     assert all(map(is_loopback, ["127.0.0.1", "127.1.2.3", "::1", "localhost"]))
     assert not any(map(is_loopback, ["0.0.0.0", "::", "192.168.1.2", "example.com"]))
+
+
+def test_the_sampler_field_reaches_the_sampling_params():
+    """"sampler": "coupled" makes a request's seed seed-exact; an unknown sampler is a 400 naming it."""
+    from specmac.serve.schema import ApiError, parse
+
+    req = parse({"model": "m", "prompt": "hi", "temperature": 1, "seed": 3, "sampler": "coupled"},
+                chat=False, model_id="m")
+    assert req.params.sampler == "coupled"
+    with pytest.raises(ApiError) as e:
+        parse({"model": "m", "prompt": "hi", "sampler": "nosuch"}, chat=False, model_id="m")
+    assert e.value.status == 400 and e.value.param == "sampler"
