@@ -163,3 +163,18 @@ def test_a_doubted_t1_probe_gets_its_plain_step():
     assert policy.next_k() == 0
     policy.inner.costs.n_seen[1] = 1  # the plain step was timed
     assert policy.next_k() == policy.inner.k_max
+
+
+@pytest.mark.parametrize("draft", ["lookup", "lookup+synthetic"])
+@pytest.mark.parametrize("k", [3, "auto"])
+def test_lookup_and_hybrid_are_seed_exact_under_the_coupled_sampler(draft, k):
+    """The coupled sampler hands every drafter its noise: lookup and the hybrid (whose model drafts
+    with it) emit plain decoding's tokens at the same seed."""
+    from specmac.api import Pair
+    from specmac.core.sampling import SamplingParams
+
+    params = SamplingParams(1.0, sampler="coupled")
+    prompt = "ab ab ab ab ab ab ab ab"
+    pair = Pair.load("synthetic", draft)
+    plain = pair.plain().generate(prompt, params=params, max_tokens=48, seed=5).token_ids
+    assert pair.generate(prompt, params=params, max_tokens=48, seed=5, k=k).token_ids == plain

@@ -125,7 +125,7 @@ class HybridDrafter(Drafter):
                 best = (self.model_source, int(ks[i]), float(rate[i]))
         return best[0], best[1]
 
-    def propose(self, seq, k, params, rng, n_vocab):
+    def propose(self, seq, k, params, rng, n_vocab, noise=None):
         self._learn(seq)
         look, q_look = self.lookup.propose(seq, k, params, rng, n_vocab)
         n = self.lookup.last_match
@@ -142,7 +142,7 @@ class HybridDrafter(Drafter):
             drafts = look[:width]
             return drafts, (None if q_look is None else OneHotRows(drafts, n_vocab))
         t0 = time.perf_counter()
-        drafts, q = self.model.propose(seq, width, params, rng, n_vocab)
+        drafts, q = self.model.propose(seq, width, params, rng, n_vocab, noise=noise)
         dt = time.perf_counter() - t0
         if not self.model_started:
             self.model_started = True

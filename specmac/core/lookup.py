@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specmac.core.drafters import FACTORIES, Drafter, OneHotRows
+from specmac.core.drafters import FACTORIES, Drafter, OneHotRows, _common_prefix
 
 
 class NgramIndex:
@@ -94,7 +94,7 @@ class LookupDrafter(Drafter):
         """Index exactly seq: append what is new (the loop only appends between trims)."""
         m = len(self.index.tokens)
         if m > len(seq) or (m and int(seq[m - 1]) != self.index.tokens[-1]):
-            m = _common_prefix(self.index.tokens, seq)
+            m = _common_prefix(self.index.tokens, seq, len(seq))
             self.index.truncate(m)
         self.index.extend(seq[m:])
 
@@ -149,7 +149,7 @@ class LookupDrafter(Drafter):
             alive = [e for e in alive if e + 1 + j < L and toks[e + 1 + j] == best]
         return out, n
 
-    def propose(self, seq, k, params, rng, n_vocab):
+    def propose(self, seq, k, params, rng, n_vocab, noise=None):  # one-hot: the noise is not needed
         self._learn(seq)
         drafts, n = self.draft(seq, k)
         if drafts:
@@ -162,13 +162,6 @@ class LookupDrafter(Drafter):
     def info(self) -> dict:
         return {"drafter": self.name, "min_match": self.min_match, "max_match": self.max_match,
                 "agree": self.agree, "sure_match": self.sure_match, "min_accept": self.min_accept}
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    x, y = np.asarray(a[:n]), np.asarray(b[:n])
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if len(diff) else n
 
 
 FACTORIES["lookup"] = LookupDrafter
