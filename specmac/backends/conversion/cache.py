@@ -192,12 +192,6 @@ def remove(entry: Path) -> None:
         raise failed[0]
 
 
-def leftovers() -> list[Path]:
-    """Temporary folders of conversions that died without cleaning up (e.g. killed)."""
-    root = cache_root()
-    return sorted(p for p in root.iterdir() if p.name.startswith(TMP_PREFIX)) if root.is_dir() else []
-
-
 def status(line: str) -> None:
     """A one-time conversion is slow: say so on stderr (one line)."""
     print(line, file=sys.stderr, flush=True)
