@@ -330,3 +330,20 @@ def test_the_sampler_field_reaches_the_sampling_params():
     with pytest.raises(ApiError) as e:
         parse({"model": "m", "prompt": "hi", "sampler": "nosuch"}, chat=False, model_id="m")
     assert e.value.status == 400 and e.value.param == "sampler"
+
+
+@pytest.mark.parametrize("name", ["synthetic", "gguf", "torch", "mlx"])
+def test_text_out_sends_the_whole_decode_one_token_at_a_time(name):
+    """Decoding a window per step sends exactly what decoding the whole answer at once gives, on
+    each backend's real tokenizer (multi-byte characters and leading spaces included)."""
+    from specmac.backends import load_backend, missing_requirements
+    from specmac.serve.text import TextOut
+
+    if missing_requirements(name):
+        pytest.skip(f"the {name} backend is not installed")
+    b = load_backend(name, None, {}, role="target")
+    text = "print os 42 print" if name == "synthetic" else "def f(x):\n    return 'héllo wörld ✓'  # ok\n"
+    ids = [i for i in b.encode(text) if i not in b.vocab.special_ids | {b.vocab.bos_id}]
+    out = TextOut(b.decode)
+    sent = "".join(out.push([i], final=n == len(ids) - 1) for n, i in enumerate(ids))
+    assert sent == out.text == b.decode(ids)

@@ -1,10 +1,11 @@
 """Token ids -> text pieces for a response: whole characters only, and never a stop string.
 
-``TextOut.push(ids)`` decodes everything generated so far (a token can end mid-character, and a
-tokenizer may join pieces differently than one at a time) and returns only the new text that is
-safe to send: a trailing incomplete UTF-8 sequence (decoded as U+FFFD) waits for the next token,
-and so does any tail that could be the start of a stop string, so a stop string that spans tokens
-is cut before any of it is sent. Also the chat fallback for a model without a chat template.
+``TextOut.push(ids)`` decodes the new ids with the ids before them as context (a token can end
+mid-character, and a tokenizer may join pieces differently than one at a time) and returns only
+the new text that is safe to send: a trailing incomplete UTF-8 sequence (decoded as U+FFFD) waits
+for the next token, and so does any tail that could be the start of a stop string, so a stop
+string that spans tokens is cut before any of it is sent. Also the chat fallback for a model
+without a chat template.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class TextOut:
         self.sent = 0  # characters of the decoded text already released
         self.stopped = False  # a stop string was found: nothing more is released
         self.text = ""
+        # decoded a short window at a time (linear, not a whole decode per step): ids[:read] are
+        # text that is final (``stable``); ids[prefix:read] give the next ids their context
+        self.stable, self.prefix, self.read = "", 0, 0
 
     def push(self, ids: Sequence[int], final: bool = False) -> str:
         """Add ids; -> the text newly safe to send ('' if none). ``final``: the generation ended, so
@@ -38,7 +42,11 @@ class TextOut:
         if self.stopped:
             return ""
         self.ids += ids
-        self.text = self.decode(self.ids)
+        before = self.decode(self.ids[self.prefix:self.read])
+        now = self.decode(self.ids[self.prefix:])
+        self.text = self.stable + now[len(before):]
+        if not now.endswith(REPLACEMENT):  # whole characters: the window moves on
+            self.stable, self.prefix, self.read = self.text, self.read, len(self.ids)
         cut = self._find_stop()
         if cut is not None:
             self.stopped = True
