@@ -7,10 +7,12 @@ greedy. Each condition (load x thread setting) runs in its own process, because 
 settings once: the busy processes (``while True: pass`` in Python) start first, then the child
 loads the pair, discards a warm-up run of each method and measures ``--rounds`` rounds in which
 plain, K = 4 and auto alternate. Auto's pass costs are measured in the condition itself (a fresh
-cache per child), as a user's first run there would. Thread settings: libgomp's default (spins
-about 300k iterations before sleeping), OMP_WAIT_POLICY=PASSIVE (sleeps at once),
-GOMP_SPINCOUNT=10000 (spins briefly; off by default, see README), and passive with one thread per
-model. Writes busy.json
+cache per child), as a user's first run there would. Thread settings: the old default (the
+backends' default thread count whatever the load: SPECMAC_THREADS=fixed), the new default (threads
+fitted before each run to the CPUs other work leaves free: specmac/backends/threads.py), each with
+OMP_WAIT_POLICY=PASSIVE (libgomp's idle threads sleep at once instead of spinning), and one thread
+per model. ``--target torch:FOLDER`` runs a torch bf16 target instead (the same 0.5B GGUF draft).
+Writes busy.json
 (runs, medians, provenance), README.md (the table) and busy.png.
 """
 
@@ -32,10 +34,13 @@ from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir  # noqa: E402
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a short docstring."
 METHODS = {"plain": None, "K=4": 4, "auto": "auto"}
 SETTINGS = {  # name -> (environment, n_threads or None for the default)
-    "spin (default)": ({}, None),
-    "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, None),
+    "fixed threads (old default)": ({"SPECMAC_THREADS": "fixed"}, None),
+    "fitted threads (new default)": ({}, None),
+    "fitted, passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, None),
+    "fixed, passive": ({"SPECMAC_THREADS": "fixed", "OMP_WAIT_POLICY": "PASSIVE"}, None),
+    "1 thread": ({}, 1),
     "passive 1 thread": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1),
-    "spincount 10k": ({"GOMP_SPINCOUNT": "10000"}, None),  # not in the default --settings: see README
+    "spincount 10k": ({"GOMP_SPINCOUNT": "10000", "SPECMAC_THREADS": "fixed"}, None),  # see README
 }
 BUSY = "while True: pass"
 
@@ -47,7 +52,11 @@ def child(args) -> None:
     from specmac.core.drafters import ModelDrafter
 
     opts = {"n_threads": args.threads} if args.threads else {}
-    target = load_backend("gguf", str(args.models_dir / QWEN_15B_GGUF), opts, role="target")
+    if args.target == "gguf":
+        target = load_backend("gguf", str(args.models_dir / QWEN_15B_GGUF), opts, role="target")
+    else:  # torch:FOLDER, bf16
+        target = load_backend("torch", args.target.split(":", 1)[1], opts | {"dtype": "bfloat16"},
+                              role="target")
     draft = load_backend("gguf", str(args.models_dir / QWEN_05B_GGUF), opts, role="draft")
     pair = Pair(target, ModelDrafter(draft))
     ids = pair.encode(target.apply_chat_template(PROMPT))
@@ -59,7 +68,7 @@ def child(args) -> None:
             if rnd >= 0:
                 runs.append({"method": name, "round": rnd, "tokens": g.stats.n_tokens,
                              "seconds": g.stats.seconds, "tokens_per_second": g.stats.tokens_per_second})
-    print(json.dumps({"runs": runs, "threads": target.resolved["n_threads"]}))
+    print(json.dumps({"runs": runs, "threads": target.resolved["n_threads"], "fitted": pair.threads}))
 
 
 def condition(args, n_busy: int, setting: str) -> dict:
@@ -72,6 +81,7 @@ def condition(args, n_busy: int, setting: str) -> dict:
             cmd = [sys.executable, __file__, "--child", "--models-dir", str(args.models_dir), "--tokens",
                    str(args.tokens), "--rounds", str(args.rounds)]
             cmd += ["--threads", str(threads)] if threads else []
+            cmd += ["--target", args.target]
             try:
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
                                      timeout=args.child_timeout_s).stdout
@@ -85,23 +95,27 @@ def condition(args, n_busy: int, setting: str) -> dict:
     got = json.loads(out.strip().splitlines()[-1])
     med = {m: statistics.median(r["tokens_per_second"] for r in got["runs"] if r["method"] == m)
            for m in METHODS}
-    return {"busy": n_busy, "setting": setting, "threads": got["threads"], "env": env_extra,
-            "runs": got["runs"], "median_tokens_per_second": med}
+    return {"busy": n_busy, "setting": setting, "threads": got["threads"], "fitted": got.get("fitted"),
+            "env": env_extra, "runs": got["runs"], "median_tokens_per_second": med}
 
 
 def table(rows: list[dict]) -> list[str]:
+    """One row per condition; each method's tokens/s also as a share of the first quiet setting's
+    (the old default, where it ran): "keeps half its quiet speed" reads off the row."""
     quiet = {r["setting"]: r["median_tokens_per_second"] or {} for r in rows if r["busy"] == 0}
-    out = ["| busy processes | thread setting | threads | plain tok/s | K=4 tok/s | auto tok/s | "
-           "auto / plain | plain vs quiet default |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
-    base = quiet.get("spin (default)", {}).get("plain")
+    base = next((quiet[k] for k in SETTINGS if quiet.get(k)), {})
+    out = ["| busy processes | thread setting | threads used | plain tok/s | K=4 tok/s | auto tok/s | "
+           "auto / plain | plain, K=4, auto vs quiet old default |", "|---:|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
         m = r["median_tokens_per_second"]
         if m is None:
-            out.append(f"| {r['busy']} | {r['setting']} | {r['threads'] or '-'} | did not finish "
+            out.append(f"| {r['busy']} | {r['setting']} | - | did not finish "
                        f"{len(METHODS)} x 2 rounds in {r['timed_out_s']:.0f} s | | | | |")
             continue
-        rel = f"{m['plain'] / base:.0%}" if base else "-"
-        out.append(f"| {r['busy']} | {r['setting']} | {r['threads']} | {m['plain']:.1f} | {m['K=4']:.1f} | "
+        rel = ", ".join(f"{m[k] / base[k]:.0%}" for k in METHODS) if base else "-"
+        used = r["threads"] if not r.get("fitted") else "; ".join(
+            f"{role} {why}" for role, why in r["fitted"].items())
+        out.append(f"| {r['busy']} | {r['setting']} | {used} | {m['plain']:.1f} | {m['K=4']:.1f} | "
                    f"{m['auto']:.1f} | {m['auto'] / m['plain']:.2f} | {rel} |")
     return out
 
@@ -133,7 +147,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--busy", default="0,1,2", help="numbers of busy processes, e.g. 0,1,2")
-    ap.add_argument("--settings", default="spin (default),passive,passive 1 thread",
+    ap.add_argument("--target", default="gguf", help="gguf (the 1.5B Q4_K_M file) or torch:FOLDER (bf16)")
+    ap.add_argument("--settings", default="fixed threads (old default),fitted threads (new default)",
                     help=f"thread settings, a comma list of: {', '.join(SETTINGS)}")
     ap.add_argument("--budget-s", type=float, default=560, help="start no condition after this many seconds")
     ap.add_argument("--child-timeout-s", type=float, default=300, help="a condition's limit (recorded)")

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption
 
 MAX_TOKENS = 128  # tokens a run writes unless told otherwise
+FIT_EVERY_S = 1.0  # a run refits the backends' CPU threads to the load unless the last fit is this recent
 
 
 @dataclass
@@ -48,6 +50,20 @@ class Pair:
 
     def __init__(self, target: BaseBackend, drafter: Drafter) -> None:
         self.target, self.drafter = target, drafter
+        self.threads: dict[str, str] = {}  # role -> the CPU threads the last fit chose, and why
+        self._fitted_at = -FIT_EVERY_S
+
+    def fit_threads(self) -> dict[str, str]:
+        """Fit each backend's CPU threads to how busy the machine is now (before every run, at most
+        once a FIT_EVERY_S): -> {role: threads and why} for the backends that have a count to fit."""
+        now = time.monotonic()
+        if now - self._fitted_at >= FIT_EVERY_S:
+            self._fitted_at = now
+            draft = self.drafter.backend
+            notes = {"target": self.target.fit_threads(),
+                     "draft": draft.fit_threads() if draft is not None and draft is not self.target else None}
+            self.threads = {role: why for role, why in notes.items() if why}
+        return self.threads
 
     @classmethod
     def load(cls, target: str = "synthetic", draft: str | None = None, *,
@@ -96,6 +112,7 @@ class Pair:
         weighs the draft's prefill of the prompt against what drafting can win in the run."""
         from specmac.core.calibration import adaptive_policy
 
+        self.fit_threads()  # the pass costs are timed (and kept) at the thread count the run will use
         return self._wrap(adaptive_policy(self.target, self.drafter.backend, horizon=max_tokens,
                                           n_prompt=n_prompt), max_tokens)
 
@@ -130,6 +147,7 @@ class Pair:
         ``noise`` plant wrong variants (tests)."""
         check_max_tokens(max_tokens)
         check_seed(seed)
+        self.fit_threads()
         drafter = self.drafter
         if prediction is not None:
             drafter = prediction if isinstance(prediction, PredictionDrafter) else \
@@ -158,7 +176,7 @@ class Pair:
                           prediction.usage() if prediction is not None else None)
 
     def info(self) -> dict:
-        return {"target": self.target.info(), "draft": self.drafter.info()}
+        return {"target": self.target.info(), "draft": self.drafter.info(), "threads": dict(self.threads)}
 
 
 def _settled(steps: Iterator[Event], drafter: PredictionDrafter) -> Iterator[Event]:

@@ -205,6 +205,12 @@ class BaseBackend:
     def sync(self) -> None:
         """Backends that return numpy arrays have already synchronised; nothing to wait for."""
 
+    def fit_threads(self) -> str | None:
+        """Before a run: fit the CPU thread count to the CPUs other work leaves free (backends whose
+        count the user did not set; see backends/threads.py). -> what was chosen and why, or None
+        where this backend has no thread count to fit."""
+        return None
+
     @classmethod
     def devices(cls) -> list[str]:
         return ["cpu"]

@@ -18,6 +18,7 @@ import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, chat_messages
+from specmac.backends import threads as cpu_threads
 from specmac.backends.gguf_files import (  # noqa: F401  (the backend's files, and its face for callers)
     ALL_LAYERS,
     FLASH_ATTN,
@@ -89,6 +90,7 @@ class GGUFBackend(BaseBackend):
                             "training context)")
         self.n_ctx = o["n_ctx"] or min(2048, n_train)
         threads = o["n_threads"] or default_threads()
+        self._default_threads = None if o["n_threads"] else threads  # None: the user's, never refitted
         n_batch = min(o["n_batch"], self.n_ctx)
         self._ctx, flash = self._new_context(path, self.n_ctx, n_batch, threads, o["flash_attn"])
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
@@ -159,6 +161,16 @@ class GGUFBackend(BaseBackend):
             return read_vocab(model_p)
         finally:
             llama_cpp.llama_model_free(model_p)
+
+    def fit_threads(self) -> str | None:
+        """The default thread count, or fewer while other work holds CPUs (llama_set_n_threads)."""
+        if self._default_threads is None or self.resolved.get("n_gpu_layers"):
+            return None
+        n, why = cpu_threads.choose(self._default_threads)
+        if n != self.resolved["n_threads"]:
+            llama_cpp.llama_set_n_threads(self._ctx, n, n)
+            self.resolved["n_threads"] = self.resolved["n_threads_batch"] = n
+        return why
 
     def close(self) -> None:
         """Free the context, batch and model now (otherwise when the backend is collected)."""

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.utils import logging as hf_logging
 
 from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, hf
+from specmac.backends import threads as cpu_threads
 from specmac.errors import BadOption, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
 
@@ -69,6 +70,9 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
             if o["n_threads"] < 1:
                 raise BadOption(f"option n_threads={o['n_threads']} is out of range: use >= 1")
             torch.set_num_threads(o["n_threads"])
+        # None: the user's count (or a GPU), never refitted; else torch's own default, fitted per run
+        self._default_threads = None if o["n_threads"] is not None or device != "cpu" else \
+            torch.get_num_threads()
         self.model_id, self.device = model or folder, torch.device(device)
         self.tokenizer = hf.load_tokenizer(folder, o["trust_remote_code"])
         self.model = load_model(folder, DTYPES[dtype], self.device, o["trust_remote_code"])
@@ -83,6 +87,16 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
                          "logits_to_keep": self._keep_arg is not None}
         if converted:  # a GGUF file: say which folder was loaded and what it was made from
             self.resolved |= {"path": folder, "source_sha256": converted["source_sha256"]}
+
+    def fit_threads(self) -> str | None:
+        """torch's default thread count, or fewer while other work holds CPUs (process-wide)."""
+        if self._default_threads is None:
+            return None
+        n, why = cpu_threads.choose(self._default_threads)
+        if n != torch.get_num_threads():
+            torch.set_num_threads(n)
+        self.resolved["n_threads"] = n
+        return why
 
     @classmethod
     def devices(cls) -> list[str]:

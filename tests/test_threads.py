@@ -1,0 +1,84 @@
+"""CPU threads fitted to the load: the count from a sample of runnable tasks, and the backends that
+apply it before a run (and leave a count the user set alone)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from specmac.api import Pair
+from specmac.backends import available, load_backend
+from specmac.backends import threads as cpu_threads
+from specmac.core.drafters import ModelDrafter
+
+STAT = "cpu  1 2 3\nctxt 5\nprocs_running {}\nprocs_blocked 0\n"
+
+
+def reader(*counts: int):
+    it = itertools.cycle(counts)
+    return lambda: STAT.format(next(it))
+
+
+def test_others_running_is_the_least_sample_less_the_sampler():
+    assert cpu_threads.others_running(read=reader(1), gap_s=0) == 0  # only the sampling thread
+    assert cpu_threads.others_running(read=reader(4, 2, 3), gap_s=0) == 1  # a spinner winding down
+    assert cpu_threads.others_running(read=lambda: "cpu 1 2\n", gap_s=0) is None  # no procs_running
+    assert cpu_threads.others_running(read=lambda: "procs_running x\n", gap_s=0) is None
+
+
+@pytest.mark.parametrize("default, cpus, others, n", [
+    (2, 2, 0, 2), (2, 2, 1, 1), (2, 2, 2, 1), (2, 2, 5, 1), (8, 16, 4, 8), (8, 16, 10, 6), (4, 4, None, 4)])
+def test_fit_leaves_other_work_its_cpus(default, cpus, others, n):
+    got, why = cpu_threads.fit(default, cpus, others)
+    assert got == n
+    assert (f"{n} of {default}" in why) == (n != default)
+
+
+def test_fixed_keeps_the_default(monkeypatch):
+    monkeypatch.setattr(cpu_threads, "others_running", lambda: 7)
+    monkeypatch.setenv(cpu_threads.ENV, "fixed")
+    assert cpu_threads.choose(2) == (2, "2 (SPECMAC_THREADS=fixed)")
+    monkeypatch.delenv(cpu_threads.ENV)
+    assert cpu_threads.choose(2)[0] == 1
+
+
+def _busy(monkeypatch, others: int, n_cpus: int = 2) -> None:
+    monkeypatch.setattr(cpu_threads, "others_running", lambda: others)
+    monkeypatch.setattr(cpu_threads, "cpus", lambda: n_cpus)
+
+
+@pytest.mark.skipif(not available("gguf"), reason="llama-cpp-python is not installed")
+def test_gguf_refits_before_each_run(monkeypatch):
+    monkeypatch.setattr("specmac.backends.gguf.default_threads", lambda: 2)
+    target = load_backend("gguf", None, {}, role="target")
+    draft = load_backend("gguf", None, {"n_threads": 2}, role="draft")  # the user's count: kept
+    pair = Pair(target, ModelDrafter(draft))
+    _busy(monkeypatch, 1)
+    quiet = pair.plain().generate("hello", max_tokens=4, seed=0).token_ids
+    pair.generate("hello", max_tokens=4, k=2, seed=0)
+    assert target.resolved["n_threads"] == target.resolved["n_threads_batch"] == 1
+    assert draft.resolved["n_threads"] == 2
+    assert set(pair.threads) == {"target"} and "1 of 2" in pair.threads["target"]
+    _busy(monkeypatch, 0)
+    pair._fitted_at = -1e9  # the next run refits at once
+    again = pair.plain().generate("hello", max_tokens=4, seed=0).token_ids
+    assert target.resolved["n_threads"] == 2
+    assert again == quiet  # the thread count changes the speed, never the tokens
+
+
+@pytest.mark.skipif(not available("torch"), reason="torch/transformers are not installed")
+def test_torch_refits_its_default_only(monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        b = load_backend("torch", None, {"device": "cpu"}, role="target")
+        _busy(monkeypatch, 1, n_cpus=max(before, 2))
+        why = b.fit_threads()
+        assert b.resolved["n_threads"] == torch.get_num_threads() == max(1, min(before, max(before, 2) - 1))
+        assert why and str(torch.get_num_threads()) in why
+        mine = load_backend("torch", None, {"device": "cpu", "n_threads": 1}, role="target")
+        assert mine.fit_threads() is None
+    finally:
+        torch.set_num_threads(before)
