@@ -12,6 +12,11 @@ Side by side in one run, interleaved per round (each configuration once per roun
 Greedy (temperature 0) throughout; the texts are compared with the target-only text.
 
     flock /tmp/specmac-bench.lock python bench/serve.py --models-dir /work/models --out results/serve
+
+Other targets of the same weights (``--target-backend``, ``--target-model``, ``--target-opt``):
+an F16 GGUF (llama_cpp.server serves the same file as the peer) or an HF folder on torch (the
+peer is transformers' own ``generate`` on the same loaded model, plain and with
+``prompt_lookup_num_tokens``). ``--parts`` runs some of the three parts only.
 """
 
 from __future__ import annotations
@@ -170,6 +175,46 @@ def overhead(srv: SpecmacServer, pair: Pair, rounds: int, max_tokens: int, k: in
     return {"rows": {name: summary(r) for name, r in runs.items()}, "server_text_equals_library": same}
 
 
+class HFGenerate:
+    """transformers' own ``generate`` on the torch backend's loaded model (the same weights and dtype),
+    greedy, plain or with ``prompt_lookup_num_tokens``: the peer for a torch target, timed as the
+    servers are (prompt processing included; time to first text from a streamer)."""
+
+    def __init__(self, backend, lookup: int | None) -> None:
+        self.backend, self.lookup = backend, lookup
+
+    def __call__(self, ask: str, max_tokens: int) -> dict:
+        import torch
+        from transformers.generation.streamers import BaseStreamer
+
+        class FirstToken(BaseStreamer):
+            def __init__(self, t0: float) -> None:
+                self.t0, self.calls, self.ttft = t0, 0, None
+
+            def put(self, value) -> None:
+                self.calls += 1  # the first call carries the prompt
+                if self.calls == 2 and self.ttft is None:
+                    self.ttft = time.perf_counter() - self.t0
+
+            def end(self) -> None:
+                pass
+
+        b = self.backend
+        ids = torch.tensor([b.encode(b.apply_chat_template(ask))], device=b.model.device)
+        extra = {"prompt_lookup_num_tokens": self.lookup} if self.lookup else {}
+        t0 = time.perf_counter()
+        streamer = FirstToken(t0)
+        with torch.inference_mode():
+            out = b.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                   max_new_tokens=max_tokens, streamer=streamer, **extra)
+        wall = time.perf_counter() - t0
+        new = out[0, ids.shape[1]:].tolist()
+        while new and new[-1] in b.vocab.eos_ids:
+            new.pop()
+        return {"tokens": len(new), "seconds": wall, "tokens_per_second": len(new) / wall,
+                "ttft_s": streamer.ttft, "text": b.decode(new)}
+
+
 def edit(peers: dict, rounds: int, max_tokens: int) -> dict:
     file = EDIT_FILE.read_text()
     prediction = "```python\n" + file + "```"
@@ -179,6 +224,11 @@ def edit(peers: dict, rounds: int, max_tokens: int) -> dict:
         # prefix, specmac does not, so every peer pays the same prompt processing
         ask = f"Edit request {r}.\n" + EDIT_ASK.format(file=file)
         for name, (srv, extra) in peers.items():
+            if callable(srv):  # an in-process peer (transformers' generate)
+                res = srv(ask, max_tokens if r else 8)
+                if r:
+                    runs.setdefault(name, []).append(res)
+                continue
             body = {"model": srv.model, "messages": [{"role": "user", "content": ask}],
                     "temperature": 0, "max_tokens": max_tokens if r else 8, **extra}
             if "prediction" in name:
@@ -226,56 +276,84 @@ def figure(record: dict, path: Path) -> None:
     ax.barh(names, med, xerr=err, color="tab:blue")
     ax.invert_yaxis()
     ax.set_xlabel("tokens/s (median, min-max over rounds)")
-    ax.set_title("code edit with Predicted Outputs: Qwen2.5-Coder-1.5B Q4_K_M, 2-core CPU")
+    title = f"code edit with Predicted Outputs: {describe(record)}, 2-core CPU"
+    ax.set_title(title.replace("`", ""), fontsize=9)
     save_figure(fig, path)
+
+
+def describe(record: dict) -> str:
+    t = record.get("target") or {"backend": "gguf", "model": TARGET, "options": {}}
+    opts = ", ".join(f"{k}={v}" for k, v in t["options"].items())
+    return f"{t['backend']} `{t['model']}`" + (f" ({opts})" if opts else "")
+
+
+PLAIN_PEERS = ("llama_cpp.server, plain", "transformers generate, plain", "specmac, target only")
 
 
 def readme(record: dict, command: str) -> str:
     """results/serve/README.md: the command, what was measured, the tables."""
-    ov, ed, ld = record["overhead"], record["edit"], record["load"]
-    prov = record["provenance"]
-    lines = ["# specmac serve on the real Qwen pair (Q4_K_M GGUF target)", "", "```bash", command, "```", "",
-             f"Target `{TARGET}`, draft `{DRAFT}` (gguf backend, 2 threads each), greedy. "
-             f"{record['settings']['rounds']} rounds after a discarded warm-up of each configuration, "
+    prov, s = record["provenance"], record["settings"]
+    name = Path(s.get("draft_model") or DRAFT).name
+    draft = "none" if s.get("draft_model") == "none" else f"`{name}` (gguf)"
+    lines = [f"# specmac serve on the real Qwen pair: target {describe(record)}", "",
+             "```bash", command, "```", "", f"Target {describe(record)}, draft {draft}, greedy. "
+             f"{s['rounds']} rounds after a discarded warm-up of each configuration, "
              "interleaved; medians with [min, max] over runs. tokens/s is end to end, as a client sees "
              "it: request sent to last token, prompt processing included, for the server and for the "
-             f"library alike. git {prov.get('git_sha')}, {prov.get('utc')}; 2-core CPU shared with other "
-             "work (load average about 4), so absolute numbers move between runs.", "",
-             "## Overhead: the server against the library's own loop, same configuration", "",
-             f"Chat prompts, {record['settings']['max_tokens']} tokens; the server's text equals the "
-             f"library's: {ov['server_text_equals_library']}.", "",
-             "| configuration | server tokens/s | library tokens/s | server / library |", "|---|---|---|---|"]
-    rows = ov["rows"]
-    for name in dict.fromkeys(n.split(": ")[0] for n in rows):
-        s, lib = rows[f"{name}: server"], rows[f"{name}: library"]
-        lines.append(f"| {name} | {_cell(s)} | {_cell(lib)} | "
-                     f"{s['tokens_per_second'] / lib['tokens_per_second']:.3f} |")
-    plain = ed["rows"]["llama_cpp.server, plain"] if "llama_cpp.server, plain" in ed["rows"] else \
-        ed["rows"]["specmac, target only"]
-    lines += ["", f"## Code edit: `{ed['file']}` ({ed['file_lines']} lines), {ed['change']}, the file as "
-              "`prediction`", "",
-              f"The prompt asks for the whole file back; the prediction is the file in a ```python fence. "
-              f"Renamed in every specmac answer: {ed['renamed']}. Speed-up against the fastest plain "
-              "decoder of the same file measured here (llama_cpp.server plain where it ran).", "",
-              "| server, configuration | tokens/s | vs plain | tokens | target passes "
-              "| time to first text (s) | accepted / rejected prediction tokens | text = target only |",
-              "|---|---|---|---|---|---|---|---|"]
-    for name, r in ed["rows"].items():
-        spec, det = r.get("speculative") or {}, r.get("completion_tokens_details") or {}
-        pred = (f"{det.get('accepted_prediction_tokens')} / {det.get('rejected_prediction_tokens')}"
-                if "prediction" in name else "-")
-        lines.append(f"| {name} | {_cell(r)} | {r['tokens_per_second'] / plain['tokens_per_second']:.2f}x | "
-                     f"{r['tokens']:.0f} | {spec.get('target_passes', '-')} | {r['ttft_s']:.2f} | {pred} | "
-                     f"{r['text_equals_target_only']} |")
-    lines += ["", "## Load test", "", "| server | clients x requests | completed | refused (503) "
-              "| latency p50 / p95 (s) | throughput tokens/s |", "|---|---|---|---|---|---|"]
-    for name, r in ld.items():
-        lines.append(f"| {name} | {r['clients']} x {r['requests'] // r['clients']} | {r['completed']} | "
-                     f"{r['refused']} | {r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
-                     f"{r['throughput_tokens_per_second']:.1f} |")
+             f"library alike. git {prov.get('git_sha')}, {prov.get('utc')}; 2-core CPU that other "
+             "work shares, so absolute numbers move between runs.", ""]
+    if "overhead" in record:
+        ov = record["overhead"]
+        lines += ["## Overhead: the server against the library's own loop, same configuration", "",
+                  f"Chat prompts, {s['max_tokens']} tokens; the server's text equals the "
+                  f"library's: {ov['server_text_equals_library']}.", "",
+                  "| configuration | server tokens/s | library tokens/s | server / library |",
+                  "|---|---|---|---|"]
+        rows = ov["rows"]
+        for name in dict.fromkeys(n.split(": ")[0] for n in rows):
+            srv, lib = rows[f"{name}: server"], rows[f"{name}: library"]
+            lines.append(f"| {name} | {_cell(srv)} | {_cell(lib)} | "
+                         f"{srv['tokens_per_second'] / lib['tokens_per_second']:.3f} |")
+        lines.append("")
+    if "edit" in record:
+        ed = record["edit"]
+        plains = [n for n in PLAIN_PEERS if n in ed["rows"]]
+        base = max(plains, key=lambda n: ed["rows"][n]["tokens_per_second"])
+        plain = ed["rows"][base]
+        lines += [f"## Code edit: `{ed['file']}` ({ed['file_lines']} lines), {ed['change']}, the file as "
+                  "`prediction`", "",
+                  "The prompt asks for the whole file back; the prediction is the file in a ```python fence. "
+                  f"Renamed in every specmac answer: {ed['renamed']}. \"vs plain\": against the fastest "
+                  f"plain decoder of the same weights measured here ({base}, "
+                  f"{plain['tokens_per_second']:.1f} tokens/s); \"after first text\": tokens / (time - time "
+                  "to first text), the decoding rate without the prompt's processing.", "",
+                  "| server, configuration | tokens/s | vs plain | after first text | tokens | target passes "
+                  "| time to first text (s) | accepted / rejected prediction tokens | text = target only |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+
+        def after(r: dict) -> float:
+            return r["tokens"] / max(r["tokens"] / r["tokens_per_second"] - (r["ttft_s"] or 0), 1e-9)
+        for name, r in ed["rows"].items():
+            spec, det = r.get("speculative") or {}, r.get("completion_tokens_details") or {}
+            pred = (f"{det.get('accepted_prediction_tokens')} / {det.get('rejected_prediction_tokens')}"
+                    if "prediction" in name else "-")
+            ratio = r["tokens_per_second"] / plain["tokens_per_second"]
+            lines.append(f"| {name} | {_cell(r)} | {ratio:.2f}x | "
+                         f"{after(r):.1f} ({after(r) / after(plain):.2f}x) | {r['tokens']:.0f} | "
+                         f"{spec.get('target_passes', '-')} | {r['ttft_s'] or 0:.2f} | {pred} | "
+                         f"{r['text_equals_target_only']} |")
+        lines.append("")
+    if "load" in record:
+        lines += ["## Load test", "", "| server | clients x requests | completed | refused (503) "
+                  "| latency p50 / p95 (s) | throughput tokens/s |", "|---|---|---|---|---|---|"]
+        for name, r in record["load"].items():
+            lines.append(f"| {name} | {r['clients']} x {r['requests'] // r['clients']} | {r['completed']} | "
+                         f"{r['refused']} | {r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
+                         f"{r['throughput_tokens_per_second']:.1f} |")
+        lines.append("")
     if "llama_cpp_server" in record:
-        lines += ["", f"llama_cpp.server: {record['llama_cpp_server']}"]
-    return "\n".join(lines) + "\n"
+        lines += [f"llama_cpp.server: {record['llama_cpp_server']}", ""]
+    return "\n".join(lines)
 
 
 def _cell(r: dict) -> str:
@@ -285,6 +363,12 @@ def _cell(r: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models-dir", default=os.environ.get("SPECMAC_MODELS", "/work/models"))
+    ap.add_argument("--target-backend", default="gguf", help="the target's backend (gguf or torch)")
+    ap.add_argument("--target-model", help=f"the target's file or folder [default: MODELS_DIR/{TARGET}]")
+    ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE",
+                    help="a target backend option, e.g. dtype=bfloat16 (repeatable)")
+    ap.add_argument("--draft-model", help=f"the gguf draft [default: MODELS_DIR/{DRAFT}]; 'none': no draft")
+    ap.add_argument("--parts", default="overhead,edit,load", help="a comma list of overhead, edit, load")
     ap.add_argument("--out", default="results/serve")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -292,46 +376,64 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--load-requests", type=int, default=2, help="requests per client (4 clients)")
     args = ap.parse_args()
-    target, draft = Path(args.models_dir) / TARGET, Path(args.models_dir) / DRAFT
+    parts = set(args.parts.split(","))
+    target = Path(args.target_model or Path(args.models_dir) / TARGET)
+    draft = None if args.draft_model == "none" else Path(args.draft_model or Path(args.models_dir) / DRAFT)
+    topts = dict(kv.split("=", 1) for kv in args.target_opt)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pair = Pair.load("gguf", "gguf", target_model=str(target), draft_model=str(draft))
+    pair = Pair.load(args.target_backend, "gguf" if draft else None, target_model=str(target),
+                     draft_model=str(draft) if draft else None, target_options=topts)
     plain = SpecmacServer(pair.plain(), k="auto")
-    spec = SpecmacServer(pair, k=args.k)
-    record = {"provenance": provenance(models=[target, draft]), "settings": vars(args)}
-    print("overhead ...", flush=True)
-    record["overhead"] = overhead(spec, pair, args.rounds, args.max_tokens, args.k)
-    write_json(out / "serve.json", record)  # after each part, so that a run cut short keeps what it measured
+    spec = SpecmacServer(pair, k=args.k) if draft else None
+    record = {"provenance": provenance(models=[target] + ([draft] if draft else [])), "settings": vars(args),
+              "target": {"backend": args.target_backend, "model": target.name, "options": topts,
+                         "resolved": {k: v for k, v in pair.target.resolved.items() if k != "path"}}}
+    if "overhead" in parts and spec:
+        print("overhead ...", flush=True)
+        record["overhead"] = overhead(spec, pair, args.rounds, args.max_tokens, args.k)
+        write_json(out / "serve.json", record)  # after each part, so that a run cut short keeps it
     peers = {"specmac, target only": (plain, {"speculative": {"k": 0}}),
              "specmac, prediction (K auto)": (plain, {}),
-             "specmac, prediction (K=32)": (plain, {"speculative": {"k": 32}}),
-             f"specmac, prediction + 0.5B draft (K={args.k})": (spec, {})}
+             "specmac, prediction (K=32)": (plain, {"speculative": {"k": 32}})}
+    if spec:
+        peers[f"specmac, prediction + 0.5B draft (K={args.k})"] = (spec, {})
     closers = []
-    try:
-        import llama_cpp.server  # noqa: F401
+    if args.target_backend == "gguf":
+        try:
+            import llama_cpp.server  # noqa: F401
 
-        lc = LlamaCppServer(target, [])
-        closers.append(lc)
-        lcp = LlamaCppServer(target, ["--draft_model", "prompt-lookup-decoding",
-                                      "--draft_model_num_pred_tokens", "10"])
-        closers.append(lcp)
-        peers |= {"llama_cpp.server, plain": (lc, {}), "llama_cpp.server, prompt lookup (10)": (lcp, {})}
-    except (ImportError, RuntimeError) as e:
-        record["llama_cpp_server"] = f"left out: {e}"
+            served = Path(pair.target.resolved["path"])  # the file loaded (a quant= option's output too)
+            lc = LlamaCppServer(served, [])
+            closers.append(lc)
+            lcp = LlamaCppServer(served, ["--draft_model", "prompt-lookup-decoding",
+                                          "--draft_model_num_pred_tokens", "10"])
+            closers.append(lcp)
+            peers |= {"llama_cpp.server, plain": (lc, {}), "llama_cpp.server, prompt lookup (10)": (lcp, {})}
+        except (ImportError, RuntimeError) as e:
+            record["llama_cpp_server"] = f"left out: {e}"
+    elif args.target_backend == "torch":
+        peers |= {"transformers generate, plain": (HFGenerate(pair.target, None), {}),
+                  "transformers generate, prompt lookup (3)": (HFGenerate(pair.target, 3), {}),
+                  "transformers generate, prompt lookup (10)": (HFGenerate(pair.target, 10), {})}
     try:
-        print("edit ...", flush=True)
-        record["edit"] = edit(peers, args.rounds, args.edit_max_tokens)
-        write_json(out / "serve.json", record)
-        print("load ...", flush=True)
-        n = args.load_requests
-        record["load"] = {"specmac, target only": load_test(plain, 4, n, 32, {"speculative": {"k": 0}})}
+        if "edit" in parts:
+            print("edit ...", flush=True)
+            record["edit"] = edit(peers, args.rounds, args.edit_max_tokens)
+            write_json(out / "serve.json", record)
+        if "load" in parts:
+            print("load ...", flush=True)
+            n = args.load_requests
+            record["load"] = {"specmac, target only": load_test(plain, 4, n, 32, {"speculative": {"k": 0}})}
     finally:
         for c in closers:
             c.close()
         plain.close()
-        spec.close()
+        if spec:
+            spec.close()
     write_json(out / "serve.json", record)
-    figure(record, out / "serve.png")
+    if "edit" in record:
+        figure(record, out / "serve.png")
     (out / "README.md").write_text(readme(record, "flock /tmp/specmac-bench.lock python bench/serve.py "
                                                   + " ".join(sys.argv[1:])))
     print(json.dumps({k: v for k, v in record.items() if k != "provenance"}, indent=1, default=str))
