@@ -65,6 +65,13 @@ class Pair:
             self.threads = {role: why for role, why in notes.items() if why}
         return self.threads
 
+    def threads_now(self) -> dict[str, str]:
+        """{role: the thread count now and why}, a refit during the last run included."""
+        draft = self.drafter.backend
+        notes = {"target": self.target.threads_note,
+                 "draft": draft.threads_note if draft is not None and draft is not self.target else None}
+        return {role: why for role, why in notes.items() if why and role in self.threads}
+
     @classmethod
     def load(cls, target: str = "synthetic", draft: str | None = None, *,
              target_model: str | None = None, draft_model: str | None = None,
@@ -176,7 +183,7 @@ class Pair:
                           prediction.usage() if prediction is not None else None)
 
     def info(self) -> dict:
-        return {"target": self.target.info(), "draft": self.drafter.info(), "threads": dict(self.threads)}
+        return {"target": self.target.info(), "draft": self.drafter.info(), "threads": self.threads_now()}
 
 
 def _settled(steps: Iterator[Event], drafter: PredictionDrafter) -> Iterator[Event]:

@@ -25,6 +25,21 @@ def test_others_running_is_the_least_sample_less_the_sampler():
     assert cpu_threads.others_running(read=reader(4, 2, 3), gap_s=0) == 1  # a spinner winding down
     assert cpu_threads.others_running(read=lambda: "cpu 1 2\n", gap_s=0) is None  # no procs_running
     assert cpu_threads.others_running(read=lambda: "procs_running x\n", gap_s=0) is None
+    # this process's own runnable threads (its pool spinning down after a pass) are not other work
+    assert cpu_threads.others_running(read=reader(5), own=lambda: 3, gap_s=0) == 2
+
+
+def test_own_running_counts_this_process_threads():
+    import threading
+
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)], daemon=True)
+    spinner.start()
+    try:
+        assert cpu_threads.own_running() >= 1  # at least the reading thread
+    finally:
+        stop.set()
+        spinner.join()
 
 
 @pytest.mark.parametrize("default, cpus, others, n", [
@@ -82,3 +97,39 @@ def test_torch_refits_its_default_only(monkeypatch):
         assert mine.fit_threads() is None
     finally:
         torch.set_num_threads(before)
+
+
+def test_fitter_drops_a_starved_thread_and_takes_free_cpus_back(monkeypatch):
+    applied = []
+    f = cpu_threads.Fitter(2, applied.append)
+    _busy(monkeypatch, 0)
+    f.wall, f.cpu = 1.0, 1.9  # quiet: both threads ran all along
+    f._look()
+    assert f.n == 2 and applied == []
+    f.wall, f.cpu = 1.0, 1.1  # one thread preempted most of the time, its sibling spinning
+    f._look()
+    assert f.n == 1 and applied == [1] and "55%" in f.why
+    f.wall, f.cpu = 1.0, 0.6  # at one thread the share cannot go lower
+    _busy(monkeypatch, 1)
+    f._look()
+    assert f.n == 1 and applied == [1]
+    _busy(monkeypatch, 0)  # the other work is gone: the CPU is taken back
+    f._look()
+    assert f.n == 2 and applied == [1, 2] and f.changes == 2
+
+
+def test_fitter_times_passes_and_looks_every_interval(monkeypatch):
+    monkeypatch.setattr(cpu_threads, "INTERVAL_S", 0.0)
+    monkeypatch.setattr(cpu_threads, "MIN_PASSES", 2)
+    looked = []
+    f = cpu_threads.Fitter(2, lambda n: None)
+    monkeypatch.setattr(f, "_look", lambda: looked.append(f.wall > 0))
+    assert f.timed(lambda: sum(range(10000))) == sum(range(10000))
+    assert f.wall == 0 and looked == []  # the window's first pass is not timed
+    f.timed(lambda: sum(range(10000)))
+    assert looked == []  # one pass timed: too few to judge
+    f.timed(lambda: sum(range(10000)))
+    assert looked == [True]
+    monkeypatch.setenv(cpu_threads.ENV, "fixed")  # fixed: never refitted
+    f.timed(lambda: None)
+    assert len(looked) == 1

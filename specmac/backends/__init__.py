@@ -211,6 +211,11 @@ class BaseBackend:
         where this backend has no thread count to fit."""
         return None
 
+    @property
+    def threads_note(self) -> str | None:
+        """The thread count now and why (a fit during a run included); None: not fitted."""
+        return None
+
     @classmethod
     def devices(cls) -> list[str]:
         return ["cpu"]

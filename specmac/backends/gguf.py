@@ -90,7 +90,8 @@ class GGUFBackend(BaseBackend):
                             "training context)")
         self.n_ctx = o["n_ctx"] or min(2048, n_train)
         threads = o["n_threads"] or default_threads()
-        self._default_threads = None if o["n_threads"] else threads  # None: the user's, never refitted
+        # the user's count is kept; the default one is fitted to the load (backends/threads.py)
+        self._threads = None if o["n_threads"] or ngl else cpu_threads.Fitter(threads, self._set_threads)
         n_batch = min(o["n_batch"], self.n_ctx)
         self._ctx, flash = self._new_context(path, self.n_ctx, n_batch, threads, o["flash_attn"])
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
@@ -164,13 +165,15 @@ class GGUFBackend(BaseBackend):
 
     def fit_threads(self) -> str | None:
         """The default thread count, or fewer while other work holds CPUs (llama_set_n_threads)."""
-        if self._default_threads is None or self.resolved.get("n_gpu_layers"):
-            return None
-        n, why = cpu_threads.choose(self._default_threads)
-        if n != self.resolved["n_threads"]:
-            llama_cpp.llama_set_n_threads(self._ctx, n, n)
-            self.resolved["n_threads"] = self.resolved["n_threads_batch"] = n
-        return why
+        return self._threads.start() if self._threads else None
+
+    @property
+    def threads_note(self) -> str | None:
+        return self._threads.why if self._threads else None
+
+    def _set_threads(self, n: int) -> None:
+        llama_cpp.llama_set_n_threads(self._ctx, n, n)
+        self.resolved["n_threads"] = self.resolved["n_threads_batch"] = n
 
     def close(self) -> None:
         """Free the context, batch and model now (otherwise when the backend is collected)."""
@@ -202,7 +205,8 @@ class GGUFBackend(BaseBackend):
             b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, self._n_past + i, 1, 0
             b.logits[i] = all_logits or i == n - 1
         b.n_tokens = n
-        rc = llama_cpp.llama_decode(self._ctx, b)
+        rc = (self._threads.timed(lambda: llama_cpp.llama_decode(self._ctx, b)) if self._threads
+              else llama_cpp.llama_decode(self._ctx, b))
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with status {rc} at n_past={self._n_past}")
         self._n_past += n

@@ -4,7 +4,10 @@ llama.cpp's and torch's CPU threads spin at their barriers inside a pass: when a
 preempts one of them, its siblings spin until it runs again, and a pass takes several times as long
 (results/busy). A thread count no larger than the CPUs that are free avoids that, and costs nothing
 on a quiet machine, where it is the default. So a backend whose thread count the user did not set
-fits it before each run (``fit``), from a sample of the runnable tasks taken then (``others_running``).
+fits it before each run (``fit``), from a sample of the runnable tasks taken then (``others_running``),
+and keeps it fitted during the run (``Fitter``): a pass whose threads got much less CPU time than
+they had wall time lost a CPU to other work (one fewer thread), and a run at fewer threads samples
+again now and then to take CPUs back when the other work is gone.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+INTERVAL_S = 0.5  # a running Fitter looks at its passes this often
+MIN_PASSES = 8  # ... once it has timed this many (the first pass after a change is not timed: it is slow)
+STARVED = 0.7  # passes whose CPU time was under this share of threads x wall time lost a CPU
 ENV = "SPECMAC_THREADS"  # "fixed": keep the default thread count whatever the load (the old behaviour)
 STAT = Path("/proc/stat")
 
@@ -30,27 +36,41 @@ def _procs_running(read: Callable[[], str]) -> int | None:
     return None
 
 
-def others_running(samples: int = 3, gap_s: float = 0.002,
-                   read: Callable[[], str] | None = None) -> int | None:
-    """Runnable tasks besides the sampling thread: the least of a few samples of /proc/stat's
-    procs_running (Linux; None where there is none). The least, because this process's own threads
-    spinning down after a pass, and a task between two time slices, are not work that stays."""
+def own_running(tasks: Path = Path("/proc/self/task")) -> int:
+    """This process's threads that are runnable now (state R in /proc/self/task/*/stat)."""
+    n = 0
+    for stat in tasks.glob("*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        n += text[text.rfind(")") + 2:].startswith("R")  # the state follows the (name)
+    return n
+
+
+def others_running(samples: int = 3, gap_s: float = 0.002, read: Callable[[], str] | None = None,
+                   own: Callable[[], int] | None = None) -> int | None:
+    """Runnable tasks of other processes: /proc/stat's procs_running less this process's own
+    runnable threads (its pool threads spin for a while after a pass), the least of a few samples
+    (a task between two time slices is not work that stays). None where /proc has no such count."""
     if read is None:
         if not STAT.is_file():
             return None
-        read = STAT.read_text
+        read, own = STAT.read_text, own or own_running
+    own = own or (lambda: 1)  # an injected reader: only the sampling thread is ours
     seen = []
     for i in range(samples):
         try:
             n = _procs_running(read)
+            mine = own()
         except (OSError, ValueError):
             return None
         if n is None:
             return None
-        seen.append(n)
+        seen.append(n - max(mine, 1))  # at least the thread that is reading
         if i + 1 < samples:
             time.sleep(gap_s)
-    return max(0, min(seen) - 1)
+    return max(0, min(seen))
 
 
 def fit(default: int, n_cpus: int, others: int | None) -> tuple[int, str]:
@@ -74,3 +94,60 @@ def choose(default: int) -> tuple[int, str]:
     if fixed():
         return default, f"{default} ({ENV}=fixed)"
     return fit(default, cpus(), others_running())
+
+
+class Fitter:
+    """A backend's thread count kept fitted to the load: ``start`` before a run, ``timed`` around
+    each pass; ``apply(n)`` sets the backend's count. Passes are timed in wall and process CPU time
+    (cheap clocks); every INTERVAL_S the fitter drops a thread if the passes were starved, or
+    samples the runnable tasks and takes back the CPUs that are free again."""
+
+    def __init__(self, default: int, apply: Callable[[int], None], current: int | None = None) -> None:
+        self.default, self.apply = default, apply
+        self.n = default if current is None else current
+        self.why = f"{self.n} (not fitted yet)"
+        self.changes = 0  # refits during runs, for the stats
+        self._window()
+
+    def _window(self) -> None:
+        self.wall = self.cpu = 0.0
+        self.passes = -1  # the first pass of a window is not counted (after a change it sets up threads)
+        self.since = time.monotonic()
+
+    def _set(self, n: int, why: str) -> None:
+        if n != self.n:
+            self.apply(n)
+            self.n = n
+        self.why = why
+
+    def start(self) -> str:
+        """Before a run: the count the load leaves room for now; -> why."""
+        self._set(*choose(self.default))
+        self._window()
+        return self.why
+
+    def timed(self, fn: Callable[[], object]) -> object:
+        """Run one pass, timed, and refit if INTERVAL_S has passed since the last look."""
+        w0, c0 = time.perf_counter(), time.process_time()
+        try:
+            return fn()
+        finally:
+            self.passes += 1
+            if self.passes > 0:
+                self.wall += time.perf_counter() - w0
+                self.cpu += time.process_time() - c0
+            if self.passes >= MIN_PASSES and time.monotonic() - self.since >= INTERVAL_S and not fixed():
+                self._look()
+
+    def _look(self) -> None:
+        share = self.cpu / (self.n * self.wall) if self.wall > 0 else 1.0
+        if self.n > 1 and share < STARVED:
+            self.changes += 1
+            self._set(self.n - 1, f"{self.n - 1} of {self.default} (its passes had {share:.0%} of "
+                                  f"{self.n} threads' CPU time: other work took a CPU)")
+        elif self.n < self.default:
+            n, why = fit(self.default, cpus(), others_running())
+            if n > self.n:
+                self.changes += 1
+                self._set(n, why)
+        self._window()

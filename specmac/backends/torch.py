@@ -70,9 +70,9 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
             if o["n_threads"] < 1:
                 raise BadOption(f"option n_threads={o['n_threads']} is out of range: use >= 1")
             torch.set_num_threads(o["n_threads"])
-        # None: the user's count (or a GPU), never refitted; else torch's own default, fitted per run
-        self._default_threads = None if o["n_threads"] is not None or device != "cpu" else \
-            torch.get_num_threads()
+        # the user's count (or a GPU) is kept; torch's own default is fitted to the load (backends/threads.py)
+        self._threads = None if o["n_threads"] is not None or device != "cpu" else \
+            cpu_threads.Fitter(torch.get_num_threads(), self._set_threads)
         self.model_id, self.device = model or folder, torch.device(device)
         self.tokenizer = hf.load_tokenizer(folder, o["trust_remote_code"])
         self.model = load_model(folder, DTYPES[dtype], self.device, o["trust_remote_code"])
@@ -90,13 +90,15 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
 
     def fit_threads(self) -> str | None:
         """torch's default thread count, or fewer while other work holds CPUs (process-wide)."""
-        if self._default_threads is None:
-            return None
-        n, why = cpu_threads.choose(self._default_threads)
-        if n != torch.get_num_threads():
-            torch.set_num_threads(n)
+        return self._threads.start() if self._threads else None
+
+    @property
+    def threads_note(self) -> str | None:
+        return self._threads.why if self._threads else None
+
+    def _set_threads(self, n: int) -> None:
+        torch.set_num_threads(n)
         self.resolved["n_threads"] = n
-        return why
 
     @classmethod
     def devices(cls) -> list[str]:
@@ -125,8 +127,10 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
         if self.cache is None:
             self.cache = new_cache(self.model)
         kw = {self._keep_arg: 1} if keep_last and self._keep_arg else {}
-        with torch.inference_mode():
-            out = self.model(input_ids=ids, cache=self.cache, use_cache=True, **kw)
+        def run():
+            with torch.inference_mode():
+                return self.model(input_ids=ids, cache=self.cache, use_cache=True, **kw)
+        out = self._threads.timed(run) if self._threads else run()
         self._n_past += ids.shape[1]
         return out.logits[0].float().cpu().numpy()
 
