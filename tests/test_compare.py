@@ -357,3 +357,13 @@ def test_results_are_saved_as_the_measurement_goes(tmp_path):
     assert [len(r["runs"]) for r in saved] == sorted(len(r["runs"]) for r in saved)
     assert len(saved[-1]["runs"]) == len(record["runs"])
     assert "Incomplete" in report.summary_markdown(saved[0])
+
+
+def test_skipped_pairings_are_counted_against_all_that_were_asked_for():
+    record = {"settings": {"pairs": ["gguf:gguf", "ngram:gguf"]},
+              "skipped_pairs": [{"pair": "mlx:gguf", "reason": "the tokenizers differ"}]}
+    assert report.skipped_line(record) == "1 of 3 pairings skipped: mlx:gguf: the tokenizers differ"
+    record["skipped_pairs"].append({"pair": "gguf:mlx", "reason": "the tokenizers differ"})
+    assert report.skipped_line(record).startswith("2 of 4 pairings skipped: mlx:gguf: ")
+    assert report.skipped_line({"settings": {"pairs": ["gguf:gguf"]}, "skipped_pairs": []}) is None
+    assert report.skipped_line({"settings": {"pairs": ["gguf:gguf"]}}) is None  # an older record

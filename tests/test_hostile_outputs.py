@@ -548,7 +548,15 @@ def test_default_compare_pairs_only_what_can_pair(tmp_path, other_vocab_plugin):
     measured = {(row["draft"], row["target"]) for row in record["results"]}
     assert measured == {("none", "gguf"), ("gguf", "gguf"), ("ngram", "gguf"), ("none", "othervocab"),
                         ("othervocab", "othervocab"), ("ngram", "othervocab")}
-    assert "Not measured: othervocab:gguf" in (tmp_path / "D" / "summary.md").read_text()
+    summary = (tmp_path / "D" / "summary.md").read_text()
+    assert "Not measured: othervocab:gguf" in summary
+    # the header said 6 pairings x 1 K: that 2 of them were not measured is said, with why
+    assert r.stderr.startswith("6 pairings x 1 K"), r.stderr
+    counted = [line for line in r.stderr.splitlines() if line.startswith("2 of 6 pairings skipped: ")]
+    assert len(counted) == 1 and "othervocab:gguf: " in counted[0] and "gguf:othervocab: " in counted[0]
+    assert f"> {counted[0]}" in summary.split("## Best K per pairing")[0]  # the summary's header
+    again = invoke(["report", str(tmp_path / "D"), "--out", str(tmp_path / "E")])
+    assert again.exit_code == 0 and counted[0] in again.stderr, again.output
 
 
 def test_a_named_pair_that_cannot_pair_is_still_refused(tmp_path, other_vocab_plugin):

@@ -4,11 +4,14 @@ files: ``gguf_files``).
 ``score`` builds its own ``llama_batch`` and asks for logits at exactly the positions it returns (no
 ``logits_all``, which would reserve n_ctx x vocab floats); ``rewind`` removes KV entries with
 ``llama_memory_seq_rm``. llama.cpp's log is captured while loading, so a failure is one line.
+Ctrl-C or SIGTERM during a long ``llama_decode`` (a prompt's prefill, the first decode) stops it
+through llama.cpp's abort callback; the cache is put back as it was and the signal follows.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +48,11 @@ from specmac.backends.gguf_files import (  # noqa: F401  (the backend's files, a
 from specmac.backends.interrupt import held_signals
 from specmac.errors import BadOption, BadTokens, SpecmacError
 from specmac.vocab import Vocab
+
+# decodes of at least this many tokens (a prompt's prefill), and a context's first (cold) decode,
+# can be stopped mid-way; shorter ones are not worth the callback's cost on every graph node
+ABORTABLE_TOKENS = 32
+DECODE_ABORTED = 2  # llama_decode's status when the abort callback said stop
 
 
 class GGUFBackend(BaseBackend):
@@ -95,7 +103,13 @@ class GGUFBackend(BaseBackend):
         n_batch = min(o["n_batch"], self.n_ctx)
         self._ctx, flash = self._new_context(path, self.n_ctx, n_batch, threads, o["flash_attn"])
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self._finalizer = weakref.finalize(self, _release, self._model, self._ctx, self._batch)
+        # the callback reads the signals held around the decode (none outside one); a list, not
+        # self, so the callback keeps no backend alive; freed with the context it is set on
+        self._stop: list = [()]
+        self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data, stop=self._stop: bool(stop[0]))
+        self._finalizer = weakref.finalize(self, _release, self._model, self._ctx, self._batch,
+                                           self._abort_cb)
+        self._cold = True
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self.vocab = read_vocab(self._model)
         self._n_vocab = self.vocab.n_logits
@@ -205,14 +219,46 @@ class GGUFBackend(BaseBackend):
             b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, self._n_past + i, 1, 0
             b.logits[i] = all_logits or i == n - 1
         b.n_tokens = n
-        rc = (self._threads.timed(lambda: llama_cpp.llama_decode(self._ctx, b)) if self._threads
-              else llama_cpp.llama_decode(self._ctx, b))
+        long = n >= ABORTABLE_TOKENS or self._cold
+
+        def decode() -> int:
+            return self._decode_abortable(b) if long else llama_cpp.llama_decode(self._ctx, b)
+        rc = self._threads.timed(decode) if self._threads else decode()
         if rc != 0:
+            llama_cpp.llama_memory_seq_rm(self._mem, 0, self._n_past, -1)  # what its ubatches left
             raise RuntimeError(f"llama_decode failed with status {rc} at n_past={self._n_past}")
         self._n_past += n
+        self._cold = False
         n_out = n if all_logits else 1
         ptr = llama_cpp.llama_get_logits(self._ctx)  # the requested rows, in batch order
         return np.ctypeslib.as_array(ptr, shape=(n_out, self._n_vocab)).copy()
+
+    def _decode_abortable(self, batch) -> int:
+        """llama_decode with SIGINT/SIGTERM held and the abort callback set: a signal stops it at
+        the next graph node (main thread only, where signals arrive), the cache goes back to
+        n_past (finished ubatches stay in it otherwise), and the signal is raised."""
+        if threading.current_thread() is not threading.main_thread():
+            return llama_cpp.llama_decode(self._ctx, batch)
+        while True:
+            # the log too: an abort makes llama.cpp log four error lines, noise after a Ctrl-C
+            with held_signals() as pending, captured_log() as log:
+                self._stop[0] = pending
+                llama_cpp.llama_set_abort_callback(self._ctx, self._abort_cb, None)
+                try:
+                    rc = llama_cpp.llama_decode(self._ctx, batch)
+                finally:
+                    self._stop[0] = ()
+                    llama_cpp.llama_set_abort_callback(self._ctx, _NO_ABORT, None)
+                if pending:  # stopped, or done as the signal came: as if never called
+                    llama_cpp.llama_memory_seq_rm(self._mem, 0, self._n_past, -1)
+                elif rc != 0:
+                    llama_cpp.llama_memory_seq_rm(self._mem, 0, self._n_past, -1)
+                    raise RuntimeError(f"llama_decode failed with status {rc} at n_past={self._n_past} "
+                                       f"({first_error(log)})")
+            if not pending:
+                return rc
+            # the signal's handler returned instead of raising (a server's SIGTERM drains the
+            # requests in flight): this decode is still wanted
 
     def rewind(self, n_past: int) -> None:
         self.check_rewind(n_past)
@@ -268,7 +314,10 @@ class GGUFBackend(BaseBackend):
         return text
 
 
-def _release(model, ctx, batch) -> None:
+_NO_ABORT = llama_cpp.ggml_abort_callback(0)  # NULL: llama.cpp's default, nothing checked
+
+
+def _release(model, ctx, batch, _abort_cb) -> None:  # the callback lives as long as the context
     with captured_log():  # llama.cpp reports buffer sizes as it frees them
         _free(model, ctx, batch)
 

@@ -15,6 +15,7 @@ from specmac.cli.app import (
     report_record,
     sampling_options,
 )
+from specmac.cli.render import under_load
 
 ADVISE_HELP = """What should I run? Without --draft: every configuration the installed backends can
 run (draft backend and precision x target backend and precision x K, plain decoding of each target
@@ -114,12 +115,12 @@ def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, par
 
     if kw["target"]:
         backends = [kw["target"]] if backends is None else backends
-    record = rank_configurations(list(draft_models) or [None], list(target_models) or [None],
-                                 params=params, prompts=list(prompts) or advise_prompts(), backends=backends,
-                                 k_max=k_max, run_tokens=run_tokens, seed=kw["seed"],
-                                 target_options=parse_kv(kw["target_opt"], "--target-opt"),
-                                 draft_options=parse_kv(kw["draft_opt"], "--draft-opt"),
-                                 progress=None if as_json else lambda m: click.echo(f"probing {m}", err=True))
+    record = under_load(lambda: rank_configurations(
+        list(draft_models) or [None], list(target_models) or [None], params=params,
+        prompts=list(prompts) or advise_prompts(), backends=backends, k_max=k_max, run_tokens=run_tokens,
+        seed=kw["seed"], target_options=parse_kv(kw["target_opt"], "--target-opt"),
+        draft_options=parse_kv(kw["draft_opt"], "--draft-opt"),
+        progress=None if as_json else lambda m: click.echo(f"probing {m}", err=True)))
     record["provenance"] = provenance(" ".join(sys.argv), [*draft_models, *target_models])
     report_record(record, out, None, as_json, _print_ranking)
 
@@ -153,8 +154,9 @@ def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plo
     from specmac.compare.results import model_files, plot_speedup, provenance
 
     pair = load_pair(kw)
-    record = advise_pair(pair, params=params, prompts=list(prompts) or None,
-                        run_tokens=run_tokens, context=context, repeats=repeats, seed=kw["seed"])
+    record = under_load(lambda: advise_pair(pair, params=params, prompts=list(prompts) or None,
+                                            run_tokens=run_tokens, context=context, repeats=repeats,
+                                            seed=kw["seed"]))
     models = model_files(pair.target, kw["target_model"], "target")
     if pair.drafter.backend is not None:
         models += model_files(pair.drafter.backend, kw["draft_model"], "draft")

@@ -369,3 +369,7 @@ def report_record(record: dict, out: str | None, draw, as_json: bool, show) -> N
         emit_json(record)
     else:
         show(record)
+    from specmac.cli.render import busy_line
+
+    if line := busy_line(record):  # after the numbers, where it is read
+        click.echo(line, err=True)

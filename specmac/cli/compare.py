@@ -147,6 +147,8 @@ def _compare_into(out: Path, cmp, report, settings, command: str, as_json: bool)
     record = _run_with_progress(cmp, settings, command, lambda rec: write_json(out / "results.json", rec))
     write_json(out / "results.json", record)
     written = report.render(record, out)
+    if skipped := report.skipped_line(record):  # the header counted them in: say they were not measured
+        click.echo(skipped, err=True)
     if as_json:
         emit_json(record)
         return 0
@@ -234,5 +236,7 @@ def report(directory, out_dir, as_json):
     if as_json:
         emit_json({"headline": rep.headline(record), "files": [str(p) for p in written]})
         return
+    if skipped := rep.skipped_line(record):
+        click.echo(skipped, err=True)
     click.echo(rep.headline(record).replace("**", ""))
     click.echo("wrote " + ", ".join(str(p) for p in written), err=True)

@@ -7,6 +7,7 @@ import sys
 import click
 
 from specmac.cli.app import UserError, main, owned_outputs, parse_kv, report_record
+from specmac.cli.render import under_load
 
 
 @main.command("probe-parallelism")
@@ -37,7 +38,8 @@ def probe_parallelism_cmd(backend_name, model, opt, role, n_max, context, repeat
         backend = load_backend(backend_name, model, parse_kv(opt, "--opt"), role=role)
         if serial:
             backend = SerialBackend(backend)
-        record = probe_parallelism(backend, n_max=n_max, context=context, repeats=repeats)
+        record = under_load(lambda: probe_parallelism(backend, n_max=n_max, context=context,
+                                                      repeats=repeats))
         record["provenance"] = provenance(" ".join(sys.argv), model_files(backend, model, role))
         report_record(record, out, plot and (lambda: plot_parallelism([record], plot)), as_json,
                       _print_probe)

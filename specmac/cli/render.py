@@ -182,3 +182,25 @@ def list_backends(as_json: bool) -> None:
     click.echo("drafters without a model: lookup (prompt lookup that bets only on a worthwhile match), "
                "ngram (prompt lookup, any match), none (plain); LOOKUP+BACKEND (e.g. lookup+gguf) "
                "is a hybrid: lookup where its match is good enough, else the model")
+
+
+def under_load(measure) -> dict:
+    """measure() -> its record, with the machine's load before and after it ("machine_load"): a
+    busy machine's timings are slower and noisier, and the record should say so."""
+    from specmac.core.machine import machine_load
+
+    before = machine_load()
+    record = measure()
+    record["machine_load"] = {"before": before.as_dict(), "after": machine_load().as_dict()}
+    return record
+
+
+def busy_line(record: dict) -> str | None:
+    """The warning for a record measured on a busy machine (the busier of before and after), or None."""
+    from specmac.core.machine import MachineLoad
+
+    loads = [MachineLoad(**m) for m in (record.get("machine_load") or {}).values()]
+    busy = [m for m in loads if m.busy]
+    if not busy:
+        return None
+    return "warning: " + max(busy, key=lambda m: (m.others_running or 0, m.load_1m)).describe()

@@ -131,6 +131,17 @@ def headline(record: dict) -> str:
             f"K={top['k']}, runs at {tail}.")
 
 
+def skipped_line(record: dict) -> str | None:
+    """"N of M pairings skipped: PAIR: why; ..." where compare dropped pairings that cannot pair
+    (every combination asked for, some vocabularies differ), else None."""
+    skipped = [sk for sk in record.get("skipped_pairs") or [] if isinstance(sk, dict)]
+    if not skipped:
+        return None
+    total = len(record["settings"].get("pairs") or []) + len(skipped)  # the measured ones, and these
+    return (f"{len(skipped)} of {total} pairing{'s' * (total != 1)} skipped: "
+            + "; ".join(f"{sk.get('pair')}: {sk.get('reason')}" for sk in skipped))
+
+
 def summary_markdown(record: dict) -> str:
     prov, st = record["provenance"], record["settings"]
     machine = prov.get("machine", {})
@@ -139,6 +150,8 @@ def summary_markdown(record: dict) -> str:
         lines += ["> Interrupted: only the complete rounds measured before Ctrl-C are included.", ""]
     elif record.get("complete") is False:
         lines += ["> Incomplete: the run stopped (killed or failed) after the rounds included here.", ""]
+    if skipped := skipped_line(record):
+        lines += [f"> {skipped}", ""]
     lines += ["## Best K per pairing", "",
               "| pairing | best K | tokens/s | speedup | acceptance | predicted best K | predicted speedup |",
               "|---|---:|---:|---:|---:|---:|---:|"]
