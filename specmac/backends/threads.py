@@ -25,8 +25,10 @@ STAT = Path("/proc/stat")
 
 
 def cpus() -> int:
-    """The CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The CPUs this process may run on (its affinity where the system says), else all of them."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def _procs_running(read: Callable[[], str]) -> int | None:
@@ -36,16 +38,23 @@ def _procs_running(read: Callable[[], str]) -> int | None:
     return None
 
 
-def own_running(tasks: Path = Path("/proc/self/task")) -> int:
-    """This process's threads that are runnable now (state R in /proc/self/task/*/stat)."""
-    n = 0
-    for stat in tasks.glob("*/stat"):
+def task_stats(read: Callable[[Path], str] = Path.read_text) -> list[str]:
+    """The /proc/self/task/*/stat texts of this process's threads (none where there is no /proc)."""
+    stats = []
+    for stat in Path("/proc/self/task").glob("*/stat"):
         try:
-            text = stat.read_text()
-        except OSError:  # a thread that ended meanwhile
-            continue
-        n += text[text.rfind(")") + 2:].startswith("R")  # the state follows the (name)
-    return n
+            stats.append(read(stat))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return stats
+
+
+def own_running(stats: list[str] | None = None) -> int:
+    """This process's runnable threads (state R) from their stat texts, at least one: the thread
+    reading them."""
+    stats = task_stats() if stats is None else stats
+    # the state follows the command name, which is in parentheses and may itself hold spaces
+    return max(1, sum(s[s.rindex(")") + 1:].split()[0] == "R" for s in stats if ")" in s))
 
 
 def others_running(samples: int = 3, gap_s: float = 0.002, read: Callable[[], str] | None = None,
@@ -67,7 +76,7 @@ def others_running(samples: int = 3, gap_s: float = 0.002, read: Callable[[], st
             return None
         if n is None:
             return None
-        seen.append(n - max(mine, 1))  # at least the thread that is reading
+        seen.append(n - mine)
         if i + 1 < samples:
             time.sleep(gap_s)
     return max(0, min(seen))

@@ -19,6 +19,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specmac.backends.threads import cpus as usable_cpus
+from specmac.backends.threads import own_running  # noqa: F401  (part of this module's face)
+from specmac.backends.threads import task_stats as read_task_stats
+
 SAMPLES = 5  # instantaneous counts, median of: one blip (a cron job's fork) does not make it busy
 INTERVAL_S = 0.02
 _GETLOADAVG = getattr(os, "getloadavg", None)  # not on Windows
@@ -59,32 +63,8 @@ def parse_loadavg(text: str) -> tuple[float, int]:
     return float(fields[0]), int(fields[3].split("/")[0])
 
 
-def own_running(stats: list[str]) -> int:
-    """This process's runnable threads from their /proc/self/task/*/stat texts (state R), at least
-    one: the thread reading them."""
-    # the state follows the command name, which is in parentheses and may itself hold spaces
-    return max(1, sum(s[s.rindex(")") + 1:].split()[0] == "R" for s in stats if ")" in s))
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity where the system says), else all of them."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
-
-
 def _read(path: str) -> str:
     return Path(path).read_text()
-
-
-def _task_stats(read: Callable[[str], str]) -> list[str]:
-    stats = []
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            stats.append(read(str(task / "stat")))
-        except OSError:  # the thread ended meanwhile
-            pass
-    return stats
 
 
 def machine_load(*, cpus: int | None = None, read: Callable[[str], str] = _read,
@@ -93,7 +73,7 @@ def machine_load(*, cpus: int | None = None, read: Callable[[str], str] = _read,
                  samples: int = SAMPLES, interval_s: float = INTERVAL_S) -> MachineLoad:
     """The machine's load now (``samples`` counts ``interval_s`` apart, about 0.1 s by default)."""
     cpus = cpus or usable_cpus()
-    stats = task_stats or (lambda: _task_stats(read))
+    stats = task_stats or (lambda: read_task_stats(lambda p: read(str(p))))
     try:
         counts = []
         for i in range(samples):
