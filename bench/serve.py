@@ -38,6 +38,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from peers import HFGenerate  # noqa: E402
 
 from specmac.api import Pair  # noqa: E402
 from specmac.compare.results import _pyplot, provenance, save_figure, write_json  # noqa: E402
@@ -173,46 +176,6 @@ def overhead(srv: SpecmacServer, pair: Pair, rounds: int, max_tokens: int, k: in
     same = all(a["text"] == b["text"] for name in ("target only", f"draft K={k}")
                for a, b in zip(runs[f"{name}: server"], runs[f"{name}: library"]))
     return {"rows": {name: summary(r) for name, r in runs.items()}, "server_text_equals_library": same}
-
-
-class HFGenerate:
-    """transformers' own ``generate`` on the torch backend's loaded model (the same weights and dtype),
-    greedy, plain or with ``prompt_lookup_num_tokens``: the peer for a torch target, timed as the
-    servers are (prompt processing included; time to first text from a streamer)."""
-
-    def __init__(self, backend, lookup: int | None) -> None:
-        self.backend, self.lookup = backend, lookup
-
-    def __call__(self, ask: str, max_tokens: int) -> dict:
-        import torch
-        from transformers.generation.streamers import BaseStreamer
-
-        class FirstToken(BaseStreamer):
-            def __init__(self, t0: float) -> None:
-                self.t0, self.calls, self.ttft = t0, 0, None
-
-            def put(self, value) -> None:
-                self.calls += 1  # the first call carries the prompt
-                if self.calls == 2 and self.ttft is None:
-                    self.ttft = time.perf_counter() - self.t0
-
-            def end(self) -> None:
-                pass
-
-        b = self.backend
-        ids = torch.tensor([b.encode(b.apply_chat_template(ask))], device=b.model.device)
-        extra = {"prompt_lookup_num_tokens": self.lookup} if self.lookup else {}
-        t0 = time.perf_counter()
-        streamer = FirstToken(t0)
-        with torch.inference_mode():
-            out = b.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                   max_new_tokens=max_tokens, streamer=streamer, **extra)
-        wall = time.perf_counter() - t0
-        new = out[0, ids.shape[1]:].tolist()
-        while new and new[-1] in b.vocab.eos_ids:
-            new.pop()
-        return {"tokens": len(new), "seconds": wall, "tokens_per_second": len(new) / wall,
-                "ttft_s": streamer.ttft, "text": b.decode(new)}
 
 
 def edit(peers: dict, rounds: int, max_tokens: int) -> dict:
@@ -413,9 +376,12 @@ def main() -> None:
         except (ImportError, RuntimeError) as e:
             record["llama_cpp_server"] = f"left out: {e}"
     elif args.target_backend == "torch":
-        peers |= {"transformers generate, plain": (HFGenerate(pair.target, None), {}),
-                  "transformers generate, prompt lookup (3)": (HFGenerate(pair.target, 3), {}),
-                  "transformers generate, prompt lookup (10)": (HFGenerate(pair.target, 10), {})}
+        def hf(lookup: int | None):
+            gen = HFGenerate(pair.target, lookup)
+            return lambda ask, n: gen(pair.target.apply_chat_template(ask), n)
+        peers |= {"transformers generate, plain": (hf(None), {}),
+                  "transformers generate, prompt lookup (3)": (hf(3), {}),
+                  "transformers generate, prompt lookup (10)": (hf(10), {})}
     try:
         if "edit" in parts:
             print("edit ...", flush=True)

@@ -4,7 +4,8 @@
         --per-category 1 --max-tokens 40 --repeats 2 --out results/workloads
 
 The packaged workload (specmac/data/workload.jsonl, whole conversations) through the target's chat
-template, on the Qwen2.5-Coder 1.5B Q4_K_M GGUF target with the 0.5B Q4_K_M draft, greedy, every
+template, on the Qwen2.5-Coder 1.5B Q4_K_M GGUF target (or another of the same weights:
+``--target-backend``, ``--target-model``, ``--target-opt``) with the 0.5B Q4_K_M draft, greedy, every
 configuration at ``--k`` (default auto) interleaved per prompt and round by compare's measurement
 (``specmac.compare.measure``: one warm-up round discarded). Writes results.json (the runs, the
 per-configuration and per-category aggregates, greedy identity with plain per prompt), a PNG of the
@@ -75,7 +76,7 @@ def medians(runs: list[dict]) -> list[str]:
     return out + [""]
 
 
-def figure(cats: list[dict]):
+def figure(cats: list[dict], title: str):
     plt = _pyplot()
     categories = list(dict.fromkeys(r["category"] for r in cats))
     configs = [c for c in dict.fromkeys(r["config"] for r in cats) if not c.startswith(PLAIN)]
@@ -88,7 +89,7 @@ def figure(cats: list[dict]):
     ax.axhline(1.0, color="k", ls="--", lw=1, label="plain = 1.0")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(categories))], categories, rotation=20, fontsize=8)
     ax.set_ylabel("end-to-end speedup over plain (pooled)")
-    ax.set_title("Speedup per category (Qwen2.5-Coder 0.5B -> 1.5B Q4_K_M, greedy)", fontsize=10)
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7, ncol=3)
     return fig
@@ -102,14 +103,26 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--k", default="auto", help="K values as compare takes them (default auto)")
     ap.add_argument("--out", type=Path, default=Path("results/workloads"))
+    ap.add_argument("--target-backend", default="gguf", choices=["gguf", "torch"])
+    ap.add_argument("--target-model", help=f"the target's file or folder [default: MODELS_DIR/"
+                                           f"{QWEN_15B_GGUF}]")
+    ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE",
+                    help="a target backend option, e.g. dtype=bfloat16 (repeatable)")
+    ap.add_argument("--categories", help="a comma list of the categories to run (default: all)")
     args = ap.parse_args()
-    target, draft = str(args.models_dir / QWEN_15B_GGUF), str(args.models_dir / QWEN_05B_GGUF)
+    target = args.target_model or str(args.models_dir / QWEN_15B_GGUF)
+    draft = str(args.models_dir / QWEN_05B_GGUF)
+    tb = args.target_backend
     prompts = pick(read_prompts(PACKAGED_WORKLOAD, turns="all"), args.per_category)
-    settings = Settings(pairs=parse_pairs([f"{d}:gguf" for d in DRAFTS]), ks=parse_ks(args.k),
+    if args.categories:
+        prompts = [p for p in prompts if p["category"] in args.categories.split(",")]
+    topts = dict(kv.split("=", 1) for kv in args.target_opt)
+    backends = {tb: {"target_model": target, "target_options": topts}}
+    backends.setdefault("gguf", {})["draft_model"] = draft
+    settings = Settings(pairs=parse_pairs([f"{d}:{tb}" for d in DRAFTS]), ks=parse_ks(args.k),
                         prompts=prompts,
                         params=SamplingParams(0.0), max_tokens=args.max_tokens, repeats=args.repeats,
-                        warmup_tokens=4, chat=True,
-                        backends={"gguf": {"target_model": target, "draft_model": draft}})
+                        warmup_tokens=4, chat=True, backends=backends)
     loaded = load_models(settings)
     runs, interrupted = measure(settings, loaded, progress=lambda s: print(s, file=sys.stderr, flush=True),
                                 on_round=lambda runs: write_json(args.out / "runs_so_far.json", runs))
@@ -119,13 +132,17 @@ def main() -> None:
                + shlex.join(sys.argv[1:]))
     record = {"format": "specmac.bench.workloads/1", "interrupted": interrupted,
               "provenance": provenance(command, [target, draft]), "settings": settings.to_dict(),
-              "prompt_tokens": {p["id"]: len(loaded.targets["gguf"].encode(settings.prompt_text(
-                  loaded.targets["gguf"], p))) for p in prompts},
+              "prompt_tokens": {p["id"]: len(loaded.targets[tb].encode(settings.prompt_text(
+                  loaded.targets[tb], p))) for p in prompts},
               "results": aggregate(runs, True), "categories": cats, "greedy_identity": same, "runs": runs}
     write_json(args.out / "results.json", record)
-    save_figure(figure(cats), args.out / "speedup_by_category.png")
+    save_figure(figure(cats, f"Speedup per category (0.5B Q4_K_M draft -> 1.5B {tb} {Path(target).name}"
+                             f"{''.join(', ' + kv for kv in args.target_opt)}, greedy)"),
+                args.out / "speedup_by_category.png")
     bad = [f"{r['config']} on {r['prompt']}" for r in same if not r["same"]]
-    lines = ["# Drafts per workload category (Qwen2.5-Coder 0.5B -> 1.5B Q4_K_M GGUF, greedy)", "",
+    opts = "".join(f", {kv}" for kv in args.target_opt)
+    lines = [f"# Drafts per workload category (Qwen2.5-Coder 0.5B Q4_K_M GGUF draft -> 1.5B target: "
+             f"{tb} `{Path(target).name}`{opts}, greedy)", "",
              f"`{command}`", "",
              f"{len(prompts)} prompts ({', '.join(p['id'] for p in prompts)}; prompt tokens "
              + ", ".join(f"{k} {v}" for k, v in record["prompt_tokens"].items())
