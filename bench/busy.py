@@ -36,8 +36,8 @@ METHODS = {"plain": None, "K=4": 4, "auto": "auto"}
 SETTINGS = {  # name -> (environment, n_threads or None for the default)
     "fixed threads (old default)": ({"SPECMAC_THREADS": "fixed"}, None),
     "fitted threads (new default)": ({}, None),
-    "fitted, passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, None),
-    "fixed, passive": ({"SPECMAC_THREADS": "fixed", "OMP_WAIT_POLICY": "PASSIVE"}, None),
+    "fitted passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, None),
+    "fixed passive": ({"SPECMAC_THREADS": "fixed", "OMP_WAIT_POLICY": "PASSIVE"}, None),
     "1 thread": ({}, 1),
     "passive 1 thread": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1),
     "spincount 10k": ({"GOMP_SPINCOUNT": "10000", "SPECMAC_THREADS": "fixed"}, None),  # see README
@@ -68,7 +68,9 @@ def child(args) -> None:
             if rnd >= 0:
                 runs.append({"method": name, "round": rnd, "tokens": g.stats.n_tokens,
                              "seconds": g.stats.seconds, "tokens_per_second": g.stats.tokens_per_second})
-    print(json.dumps({"runs": runs, "threads": target.resolved["n_threads"], "fitted": pair.threads}))
+    fitter = getattr(target, "_threads", None)
+    print(json.dumps({"runs": runs, "threads": target.resolved["n_threads"], "fitted": pair.threads_now(),
+                      "refits": getattr(fitter, "changes", None)}))
 
 
 def condition(args, n_busy: int, setting: str) -> dict:
@@ -96,6 +98,7 @@ def condition(args, n_busy: int, setting: str) -> dict:
     med = {m: statistics.median(r["tokens_per_second"] for r in got["runs"] if r["method"] == m)
            for m in METHODS}
     return {"busy": n_busy, "setting": setting, "threads": got["threads"], "fitted": got.get("fitted"),
+            "refits": got.get("refits"),
             "env": env_extra, "runs": got["runs"], "median_tokens_per_second": med}
 
 
@@ -113,8 +116,8 @@ def table(rows: list[dict]) -> list[str]:
                        f"{len(METHODS)} x 2 rounds in {r['timed_out_s']:.0f} s | | | | |")
             continue
         rel = ", ".join(f"{m[k] / base[k]:.0%}" for k in METHODS) if base else "-"
-        used = r["threads"] if not r.get("fitted") else "; ".join(
-            f"{role} {why}" for role, why in r["fitted"].items())
+        used = r["threads"] if not r.get("fitted") else ", ".join(
+            f"{role} {why.split(' (')[0]}" for role, why in r["fitted"].items())
         out.append(f"| {r['busy']} | {r['setting']} | {used} | {m['plain']:.1f} | {m['K=4']:.1f} | "
                    f"{m['auto']:.1f} | {m['auto'] / m['plain']:.2f} | {rel} |")
     return out
@@ -195,7 +198,9 @@ def render(out: Path) -> None:
         f"{record['tokens']} tokens per run, {record['rounds']} rounds, greedy, prompt: "
         f"{record['prompt']!r}. "
         f"Load average after the run: {load} on {os.cpu_count()} CPUs: the machine is shared with other "
-        "agents, so \"0 busy processes\" is not quiet.", "", *lines, ""]) + "\n")
+        "agents, so \"0 busy processes\" is not quite quiet. \"threads used\": the count each model ran "
+        "at the end, as the run's stats say it (fitted: the count chosen from the runnable tasks "
+        "sampled before the run, kept fitted during it).", "", *lines, "", *record.get("reading", [])]) + "\n")
 
 
 if __name__ == "__main__":
