@@ -63,6 +63,7 @@ def test_the_profile_holds_the_ranking_per_group_ready_to_load(saved):
     assert [c["rank"] for c in flat] == list(range(1, len(flat) + 1))
     assert [g["group"] for g in prof["groups"]] == list(dict.fromkeys(e["group"] for e in record["ranking"]))
     assert {g["precision"] for g in prof["groups"]} == {"F16", "Q8_0"}
+    assert all(g["as_given"] for g in prof["groups"])  # llama.cpp runs a .gguf as it is
     for c, e in zip(flat, record["ranking"]):
         assert c["k"] == e["k"] and c["predicted_tokens_per_second"] == e["predicted_tokens_per_second"]
         assert c["predicted_speedup"] == e["predicted_speedup"] and c["sampler"] == "rejection"
@@ -95,6 +96,11 @@ def test_choose_by_precision_target_file_or_first(saved):
     assert choose(prof, path, target_model=str(where / "t-f16.gguf"))[0] is f16
     with pytest.raises(BadOption, match="no group"):
         choose(prof, path, precision="Q8_0", target_model=str(where / "t-f16.gguf"))
+    converted = copy.deepcopy(f16)  # the same file run by a backend that converts it, ranked first
+    converted.update(group="t-f16.gguf bfloat16", precision="bfloat16", as_given=False)
+    both = {**prof, "groups": [converted, *prof["groups"]]}
+    assert choose(both, path, target_model=str(where / "t-f16.gguf"))[0]["group"] == f16["group"]
+    assert choose(both, path)[0] is converted
     twin = copy.deepcopy(prof)
     twin["groups"].append({**copy.deepcopy(f16), "group": "other.gguf F16"})
     with pytest.raises(BadOption, match="matches several groups"):

@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specmac.errors import BadOption
+from specmac.backends import backend_class
+from specmac.errors import BadOption, SpecmacError
 from specmac.files import read_capped, write_json
 
 SCHEMA = "specmac.profile"
@@ -37,6 +38,18 @@ def _side(variants: list[dict], backend: str, precision: str | None, model: str 
     raise ValueError(f"the ranking names a {role} {backend} {precision} {model} it did not probe")
 
 
+def _as_given(backend: str, model: str | None) -> bool:
+    """Whether the target backend runs the file as it is (a .gguf in llama.cpp, a folder in torch or
+    mlx), not a conversion of it: such a group is "the group of the target file as given"."""
+    if model is None:
+        return True
+    fmt = "gguf" if str(model).endswith(".gguf") else "hf"
+    try:
+        return fmt not in backend_class(backend).converted_formats
+    except SpecmacError:  # a plugin that is gone since: say nothing about it
+        return False
+
+
 def build_profile(record: dict) -> dict:
     """The profile of a ranking record (``rank_configurations`` with ``provenance`` added)."""
     groups: dict[str, dict] = {}
@@ -49,7 +62,9 @@ def build_profile(record: dict) -> dict:
             d = _side(record["drafts"], e["draft"], e["draft_dtype"], e["draft_model"], "draft")
             draft = {"kind": "lookup" if e["draft"] == "ngram" else "model", **d}
         g = groups.setdefault(e["group"], {"group": e["group"], "precision": target["precision"],
-                                           "source": target["source"], "configurations": []})
+                                           "source": target["source"],
+                                           "as_given": _as_given(e["target"], e["target_model"]),
+                                           "configurations": []})
         g["configurations"].append({
             "rank": e["rank"], "target": target, "draft": draft, "k": e["k"], "sampler": sampler,
             "predicted_tokens_per_second": e["predicted_tokens_per_second"],
@@ -119,8 +134,9 @@ def _loadable(c: Any) -> bool:
 def choose(prof: dict, path: str | Path, precision: str | None = None,
            target_model: str | None = None) -> tuple[dict, dict, str]:
     """-> (group, configuration, why): the first configuration of the group ``precision`` names
-    (a group's full name or its precision, any case), or of the best group holding the target
-    file ``target_model``, or (neither) of the profile's first group. Model files must still exist."""
+    (a group's full name or its precision, any case), or of the group of the target file
+    ``target_model`` (the one running the file as given, else the best holding it), or (neither)
+    of the profile's first group. The models it names must still exist."""
     groups = prof["groups"]
     why = "the profile's first choice"
     if target_model is not None:
@@ -132,7 +148,9 @@ def choose(prof: dict, path: str | Path, precision: str | None = None,
             raise BadOption(f"target_model {target_model} is in no group of profile {path} (its targets: "
                             f"{', '.join(held)}): give one of them, or drop --target-model",
                             param="target_model")
-        why = f"the best group of --target-model {target_model}"
+        # the file in its own precision (not a conversion of it) first, then the rest as ranked
+        groups = sorted(groups, key=lambda g: not g.get("as_given", False))
+        why = f"the group of --target-model {target_model}"
     if precision is not None:
         named = [g for g in groups if g["group"].lower() == precision.lower()]
         named = named or [g for g in groups if str(g.get("precision", "")).lower() == precision.lower()]
