@@ -176,7 +176,7 @@ def test_serve_profile_serves_the_groups_first_choice(saved):
     proc, url, lines = _serve(["--profile", str(path), "--precision", "Q8_0"])
     try:
         assert f"first choice of group {group['group']} in {path} (--precision Q8_0)" in lines[2], lines
-        _check_served(url, config, config["k"] or 1)
+        _check_served(url, config, config["k"] or "auto")
     finally:
         _stop(proc)
 
@@ -272,3 +272,30 @@ def test_advise_save_refusals(tmp_path, monkeypatch, extra, says):
     res = CliRunner().invoke(main, ["advise", "--save", "same.json", *extra])
     assert res.exit_code == 2 and says in res.output and len(res.output.strip().splitlines()) == 1, res.output
     assert not (tmp_path / "same.json").exists()
+
+
+def test_run_profile_with_a_plain_first_choice(saved, tmp_path):
+    """A plain configuration (K 0) runs at run's default K (no draft), not refused as --k auto would be."""
+    prof = json.loads(saved[0].read_text())
+    group = prof["groups"][0]
+    plain = next(c for c in group["configurations"] if c["draft"]["kind"] == "none")
+    group["configurations"].remove(plain)
+    group["configurations"].insert(0, plain)
+    edited = tmp_path / "plain.json"
+    edited.write_text(json.dumps(prof))
+    res = CliRunner().invoke(main, ["run", "--profile", str(edited), "--max-tokens", "3", "--json", PROMPT])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.stdout)
+    assert r["draft"]["drafter"] == "none" and r["target"]["model"] == plain["target"]["model"]
+
+
+def test_serve_default_k_auto_is_served(monkeypatch):
+    """`specmac serve` with its default --k auto times the pair's passes instead of refusing."""
+    pytest.importorskip("uvicorn")
+    from specmac.serve import server
+
+    got = {}
+    monkeypatch.setattr(server, "serve", lambda pair, sock, **kw: got.update(kw) or 0)
+    res = CliRunner().invoke(main, ["serve", "--target", "gguf", "--draft", "gguf", "--port", "0"])
+    assert res.exit_code == 0, res.output
+    assert got["k"] == "auto" and got["config"]["k"] == "auto"

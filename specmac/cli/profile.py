@@ -85,5 +85,6 @@ def profile_choice(path: str | None, precision: str | None, kw: dict, k_text: st
         k = parse_k(k_text)
         line += f"; --k {k_text} in place of the profile's K {config['k']}"
     else:
-        k = config["k"] or 1  # a plain configuration (K 0) has no draft: K does nothing there
+        # a plain configuration (K 0) drafts nothing, but a request's prediction does: serve's default
+        k = config["k"] or "auto"
     return Choice(load, k, line, group["group"])

@@ -18,7 +18,7 @@ from specmac.cli.app import (
     sampling_params,
     use_color,
 )
-from specmac.cli.profile import profile_choice, profile_options
+from specmac.cli.profile import given, profile_choice, profile_options
 from specmac.core.policy import K_DEFAULT
 
 # --- run ----------------------------------------------------------------------------------
@@ -62,8 +62,9 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
     prediction = read_prediction(prediction_file) if prediction_file else None
     k = parse_k(k_text)  # everything is validated before any model loads
     choice = profile_choice(profile_path, precision, kw, k_text)
-    if choice:
-        kw, k = {**kw, "draft": choice.load["draft"]}, choice.k
+    if choice:  # a plain profile's "auto" is for predictions; without one, run's K (it drafts nothing)
+        plain = choice.load["draft"] == "none" and not prediction_file and not given("k_text")
+        kw, k = {**kw, "draft": choice.load["draft"]}, K_DEFAULT if plain else choice.k
     params = sampling_params(kw)
     if baseline and kw["draft"] == "none" and not prediction_file:
         raise UserError("--baseline compares speculative with plain decoding: add --draft BACKEND "
