@@ -23,7 +23,7 @@ PAIR_FLAGS = {"target": "--target", "draft": "--draft", "draft_model": "--draft-
 
 def profile_options(f: Callable) -> Callable:
     f = click.option("--precision", metavar="GROUP",
-                     help="With --profile: serve the first choice of this precision group (its name as "
+                     help="With --profile: load the first choice of this precision group (its name as "
                           "advise prints it, or just the precision, e.g. F16).")(f)
     return click.option("--profile", "profile_path", type=click.Path(dir_okay=True), metavar="FILE",
                         help="Load the configuration `specmac advise --save FILE` ranked first (of the "
