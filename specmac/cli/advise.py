@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 
 import click
 
@@ -59,12 +62,16 @@ One pairing:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="One pairing: a PNG of the predicted S(K).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON record (with provenance).")
+@click.option("--save", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Ranking: write a profile (the ranked configurations of each precision group, ready "
+                   "to load) for `specmac serve --profile FILE`.")
 def advise(target_models, draft_models, backends_text, k_max, prompts, run_tokens, context, repeats,
-           as_json, plot, out, **kw):
+           as_json, plot, out, save, **kw):
     from specmac.cli.app import sampling_params
 
     ranking = kw["draft"] is None or kw["draft"] == "none"
-    _check_mode(ranking, {"--k-max": k_max}, {"--plot": plot, "--context": context, "--repeats": repeats})
+    _check_mode(ranking, {"--k-max": k_max, "--save": save},
+                {"--plot": plot, "--context": context, "--repeats": repeats})
     k_max, context, repeats = k_max or 8, context or 128, repeats or 3
     if run_tokens < 2 or repeats < 1 or context < 1 or k_max < 1:
         raise UserError("--run-tokens must be >= 2, and --repeats, --context and --k-max >= 1")
@@ -74,10 +81,10 @@ def advise(target_models, draft_models, backends_text, k_max, prompts, run_token
             raise UserError(f"{flag} {twice[0]} is given twice: give each model once")
     backends = _backend_list(backends_text)
     params = sampling_params(kw)
-    with owned_outputs(out, plot):
+    with owned_outputs(out, plot), _saved_file(save, out):
         if ranking:
             _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, params, kw, as_json,
-                  out)
+                  out, save)
             return
         for flag, given in (("--target-model", target_models), ("--draft-model", draft_models)):
             if len(given) > 1:
@@ -97,6 +104,22 @@ def _check_mode(ranking: bool, rank_only: dict, pairing_only: dict) -> None:
                             + ("add --draft BACKEND" if ranking else "drop --draft"))
 
 
+@contextlib.contextmanager
+def _saved_file(save: str | None, out: str | None) -> Iterator[None]:
+    """--save can be written (checked before anything is measured) and is this run's alone."""
+    from specmac.compare.results import check_output
+    from specmac.files import output_lock
+
+    if save is None:
+        yield
+        return
+    if out and os.path.abspath(out) == os.path.abspath(save):
+        raise UserError(f"--save and --out are the same file ({save}): give the profile another name")
+    check_output(save, "save")
+    with output_lock(save, folder=False, param="--save"):
+        yield
+
+
 def _backend_list(text: str | None) -> list[str] | None:
     """--backends "gguf,torch" -> ["gguf", "torch"]; a list that names no backend is refused."""
     if text is None:
@@ -108,7 +131,7 @@ def _backend_list(text: str | None) -> list[str] | None:
 
 
 def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, params, kw, as_json,
-          out) -> None:
+          out, save) -> None:
     from specmac.advise.rank import rank_configurations
     from specmac.compare.results import provenance
     from specmac.core.prompts import advise_prompts
@@ -122,7 +145,14 @@ def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, par
         draft_options=parse_kv(kw["draft_opt"], "--draft-opt"),
         progress=None if as_json else lambda m: click.echo(f"probing {m}", err=True)))
     record["provenance"] = provenance(" ".join(sys.argv), [*draft_models, *target_models])
+    if save:
+        from specmac.advise.profile import save_profile
+
+        save_profile(save, record)
     report_record(record, out, None, as_json, _print_ranking)
+    if save and not as_json:
+        click.echo(f"\nprofile written to {save}: specmac serve --profile {save} [--precision GROUP]",
+                   err=True)
 
 
 def _print_ranking(r: dict) -> None:

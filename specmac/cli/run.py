@@ -18,6 +18,7 @@ from specmac.cli.app import (
     sampling_params,
     use_color,
 )
+from specmac.cli.profile import given, profile_choice, profile_options
 from specmac.core.policy import K_DEFAULT
 
 # --- run ----------------------------------------------------------------------------------
@@ -46,8 +47,9 @@ from specmac.core.policy import K_DEFAULT
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--color/--no-color", "color", default=None,
               help="Colour the tokens by origin (default: on a terminal, unless NO_COLOR is set).")
+@profile_options
 def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, chat, baseline, as_json, color,
-        **kw):
+        profile_path, precision, **kw):
     """Generate from PROMPT (or --prompt-file, or stdin) with speculative decoding.
 
     On a terminal the text streams in colour: green tokens are accepted drafts, red ones the
@@ -59,6 +61,10 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
     prompt = read_prompt(prompt, prompt_file)
     prediction = read_prediction(prediction_file) if prediction_file else None
     k = parse_k(k_text)  # everything is validated before any model loads
+    choice = profile_choice(profile_path, precision, kw, k_text)
+    if choice:  # a plain profile's "auto" is for predictions; without one, run's K (it drafts nothing)
+        plain = choice.load["draft"] == "none" and not prediction_file and not given("k_text")
+        kw, k = {**kw, "draft": choice.load["draft"]}, K_DEFAULT if plain else choice.k
     params = sampling_params(kw)
     if baseline and kw["draft"] == "none" and not prediction_file:
         raise UserError("--baseline compares speculative with plain decoding: add --draft BACKEND "
@@ -70,7 +76,9 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
         raise UserError("--remeasure re-measures the pass costs that --k auto uses: add --k auto or drop it")
     if remeasure:
         os.environ["SPECMAC_REMEASURE"] = "1"  # read where the kept costs are (specmac.core.calibration)
-    pair = load_pair(kw)
+    pair = choice.pair() if choice else load_pair(kw)
+    if choice and not as_json:
+        click.echo(choice.line, err=True)
     if chat:
         prompt = pair.target.apply_chat_template(prompt)
     # "auto" times the pair's passes here, before the first token
@@ -78,7 +86,10 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
               else pair.policy(k, max_tokens))
     code = runner.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],
                       baseline=baseline, as_json=as_json, color=use_color(color, as_json),
-                      meta={"command": " ".join(["specmac", *sys.argv[1:]])}, prediction=prediction)
+                      meta={"command": " ".join(["specmac", *sys.argv[1:]]),
+                            **({"profile": {"file": profile_path, "group": choice.group, "line": choice.line}}
+                               if choice else {})},
+                      prediction=prediction)
     sys.exit(code)
 
 

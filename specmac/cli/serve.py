@@ -10,10 +10,12 @@ import sys
 import click
 
 from specmac.cli.app import UserError, load_pair, main, pair_options, parse_k
+from specmac.cli.profile import profile_choice, profile_options
 
 
 @main.command()
 @pair_options
+@profile_options
 @click.option("--k", "k_text", default="auto", show_default=True, metavar="K|auto",
               help="Drafts per step unless a request says otherwise ({\"speculative\": {\"k\": ...}}).")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -28,13 +30,14 @@ from specmac.cli.app import UserError, load_pair, main, pair_options, parse_k
               help="The model id clients send (default: the target file's name).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def serve(k_text, host, port, queue_size, api_key, model_name, log_level, **kw):
+def serve(k_text, host, port, queue_size, api_key, model_name, log_level, profile_path, precision, **kw):
     """Serve the pair over OpenAI's API: /v1/chat/completions, /v1/completions, /v1/models,
     /health and /metrics, with per-request "speculative" and "prediction" (Predicted Outputs).
 
     \b
     specmac serve --target gguf --target-model qwen-1.5b.gguf --draft gguf --draft-model qwen-0.5b.gguf
     curl -s localhost:8000/v1/chat/completions -d '{"model": "...", "messages": [...]}'
+    specmac advise --save profile.json && specmac serve --profile profile.json --precision F16
 
     See docs/serve.md for the fields supported and refused. SIGTERM finishes the requests in
     flight, refuses new ones and exits 0.
@@ -45,6 +48,7 @@ def serve(k_text, host, port, queue_size, api_key, model_name, log_level, **kw):
         raise UserError(f"specmac serve needs {e.name}: pip install 'specmac[serve]'") from None
 
     k = parse_k(k_text)
+    choice = profile_choice(profile_path, precision, kw, k_text)  # checked before anything loads
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key is empty: give a key, or leave it (and SPECMAC_API_KEY) unset")
     logging.basicConfig(level=getattr(logging, log_level.upper()), format="%(levelname)-9s %(message)s")
@@ -53,8 +57,9 @@ def serve(k_text, host, port, queue_size, api_key, model_name, log_level, **kw):
     except OSError as e:
         raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}): "
                         "choose another port, or --port 0 for a free one") from None
-    pair = load_pair(kw)
-    policy = pair.policy(k)  # "auto" measures the pass costs now (kept on disk), not in the first request
+    pair, k = (choice.pair(), choice.k) if choice else (load_pair(kw), k)
+    # "auto" measures the pass costs now (kept on disk), not in the first request
+    policy = pair.timed_auto_policy() if k == "auto" else pair.policy(k)
     name = model_name or server.model_name(pair)
     config = {"k": k, **pair.info()}
     if k == "auto":
@@ -63,6 +68,8 @@ def serve(k_text, host, port, queue_size, api_key, model_name, log_level, **kw):
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"specmac serve: http://{shown}:{actual}/v1  model {name!r}", err=True)
     click.echo(f"  target {_label(config['target'])}  draft {_label(config['draft'])}  k={k}", err=True)
+    if choice:
+        click.echo(f"  {choice.line}", err=True)
     if not server.is_loopback(host) and not api_key:
         click.secho(f"WARNING: listening on {host}, beyond this machine, with no API key: anyone who can "
                     "reach this port can use the model. Add --api-key KEY (or SPECMAC_API_KEY).",
