@@ -200,7 +200,8 @@ def render(out: Path) -> None:
         f"Load average after the run: {load} on {os.cpu_count()} CPUs: the machine is shared with other "
         "agents, so \"0 busy processes\" is not quite quiet. \"threads used\": the count each model ran "
         "at the end, as the run's stats say it (fitted: the count chosen from the runnable tasks "
-        "sampled before the run, kept fitted during it).", "", *lines, "", *record.get("reading", [])]) + "\n")
+        "sampled before the run, kept fitted during it).", "", *lines, "",
+        *record.get("reading", [])]) + "\n")
 
 
 if __name__ == "__main__":
