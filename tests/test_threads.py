@@ -106,11 +106,14 @@ def test_fitter_drops_a_starved_thread_and_takes_free_cpus_back(monkeypatch):
     f.wall, f.cpu = 1.0, 1.9  # quiet: both threads ran all along
     f._look()
     assert f.n == 2 and applied == []
+    f.wall, f.cpu = 1.0, 1.1  # short of CPU time, but nothing else runs: serial stretches, kept
+    f._look()
+    assert f.n == 2 and applied == []
+    _busy(monkeypatch, 1)
     f.wall, f.cpu = 1.0, 1.1  # one thread preempted most of the time, its sibling spinning
     f._look()
     assert f.n == 1 and applied == [1] and "55%" in f.why
     f.wall, f.cpu = 1.0, 0.6  # at one thread the share cannot go lower
-    _busy(monkeypatch, 1)
     f._look()
     assert f.n == 1 and applied == [1]
     _busy(monkeypatch, 0)  # the other work is gone: the CPU is taken back

@@ -150,7 +150,9 @@ class Fitter:
 
     def _look(self) -> None:
         share = self.cpu / (self.n * self.wall) if self.wall > 0 else 1.0
-        if self.n > 1 and share < STARVED:
+        # a pass can also be short of CPU time by itself (serial stretches in a framework's forward):
+        # a thread is dropped only where other work is running too
+        if self.n > 1 and share < STARVED and fit(self.default, cpus(), others_running())[0] < self.n:
             self.changes += 1
             self._set(self.n - 1, f"{self.n - 1} of {self.default} (its passes had {share:.0%} of "
                                   f"{self.n} threads' CPU time: other work took a CPU)")
