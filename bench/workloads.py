@@ -102,10 +102,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--k", default="auto", help="K values as compare takes them (default auto)")
     ap.add_argument("--out", type=Path, default=Path("results/workloads"))
+    ap.add_argument("--categories", default="", help="comma-separated categories (default: every one)")
+    ap.add_argument("--drafts", default=",".join(DRAFTS), help="drafts, comma-separated (default: all)")
     args = ap.parse_args()
     target, draft = str(args.models_dir / QWEN_15B_GGUF), str(args.models_dir / QWEN_05B_GGUF)
-    prompts = pick(read_prompts(PACKAGED_WORKLOAD, turns="all"), args.per_category)
-    settings = Settings(pairs=parse_pairs([f"{d}:gguf" for d in DRAFTS]), ks=parse_ks(args.k),
+    prompts = read_prompts(PACKAGED_WORKLOAD, turns="all")
+    wanted = [c for c in args.categories.split(",") if c]
+    unknown = sorted(set(wanted) - {p["category"] for p in prompts})
+    if unknown:
+        ap.error(f"--categories: no prompts of {', '.join(unknown)} in the packaged workload")
+    prompts = pick([p for p in prompts if not wanted or p["category"] in wanted], args.per_category)
+    drafts = [d for d in args.drafts.split(",") if d]
+    settings = Settings(pairs=parse_pairs([f"{d}:gguf" for d in drafts]), ks=parse_ks(args.k),
                         prompts=prompts,
                         params=SamplingParams(0.0), max_tokens=args.max_tokens, repeats=args.repeats,
                         warmup_tokens=4, chat=True,
