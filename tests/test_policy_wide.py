@@ -1,10 +1,14 @@
 """k="auto" goes wide where drafts cost no pass, only over measured widths, and counts what a run
 costs before it drafts: the model's prefill, and bets on weak lookup matches."""
 
+import json
+
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from specmac.api import Pair
+from specmac.cli import main
 from specmac.core.bets import Bets
 from specmac.core.costs import K_MAX, K_MODEL, bet_width
 from specmac.core.policy import AdaptiveK
@@ -174,3 +178,15 @@ def test_auto_says_why_the_model_is_not_explored(slow_prefill, tmp_path, monkeyp
     assert short.next_k() == 0 and short.info()["k_choice"].startswith("model draft not explored")
     assert model.generate(prompt, params=GREEDY, max_tokens=8, k=short).stats.n_drafted == 0
     assert model.timed_auto_policy(400, len(prompt)).info()["k_choice"] == ""  # it drafts: nothing to say
+
+
+def test_run_json_and_text_say_why_the_model_is_not_explored(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path))
+    prompt = "".join(f"{i:x}" for i in range(400))  # 1000+ characters: tokens here
+    args = ["run", "--target", "synthetic", "--draft", "synthetic", "--target-opt", "latency_ms=10",
+            "--draft-opt", "latency_ms=1", "--draft-opt", "beta=0.3", "--k", "auto", "--max-tokens", "6"]
+    res = CliRunner().invoke(main, [*args, "--json", prompt])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["k_policy"]["k_choice"].startswith("model draft not explored")
+    res = CliRunner().invoke(main, [*args, prompt])
+    assert res.exit_code == 0 and "K choice: model draft not explored" in res.output
