@@ -20,16 +20,36 @@ from pathlib import Path
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.backends import load_backend
-from specmac.compare.results import provenance, write_json
+from specmac.compare.results import _pyplot, provenance, save_figure, write_json
 from specmac.core.calibration import pass_costs
 from specmac.core.policy import AdaptiveK
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for row in rows:
+        n = range(1, len(row["ratio"]) + 1)
+        ax.plot(n, row["ratio"], marker=".", label=row["model"])
+    ax.plot([1, 33], [1, 33], ls=":", color="grey", label="serial (T(n) = n T(1))")
+    ax.set_xlabel("tokens in one pass, n")
+    ax.set_ylabel("T(n) / T(1)")
+    ax.set_title("batched pass cost out to n = 33 (llama.cpp, 2-core CPU)")
+    ax.legend(fontsize=7)
+    save_figure(fig, path)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_models_dir(ap)
     ap.add_argument("--out", type=Path, default=Path("results/workloads_widek/wide_curve.json"))
+    ap.add_argument("--replot", action="store_true", help="only redraw the PNG from --out's JSON")
     args = ap.parse_args()
+    if args.replot:
+        import json
+
+        figure(json.loads(args.out.read_text())["rows"], args.out.with_suffix(".png"))
+        return
     command = "flock /tmp/specmac-bench.lock python bench/wide_curve.py " + shlex.join(sys.argv[1:])
     files = [args.models_dir / QWEN_15B_GGUF, args.models_dir / QWEN_05B_GGUF]
     rows = []
@@ -53,6 +73,7 @@ def main() -> None:
         print(f.name, {k: v for k, v in row.items() if k not in ("t_ms", "ratio")},
               " ".join(f"{n + 1}:{r:.2f}" for n, r in enumerate(row["ratio"])), flush=True)
     write_json(args.out, {"provenance": provenance(command, files), "rows": rows})
+    figure(rows, args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":
