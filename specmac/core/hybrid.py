@@ -11,8 +11,8 @@ too. Costs come from ``HybridPolicy``: the K policy's measured target curve and 
 (``k="auto"``: the lookup's widths out to the widest measured, up to ``K_MAX``; the model's to
 ``K_MODEL``), or, with a fixed K, the run's own step times (the target's; until one is timed the
 model, whose prefill cannot yet be weighed, is not started) and the model's passes as they are
-timed; acceptance per source (the
-lookup's split by short and sure matches) from what the target kept, forgotten slowly.
+timed; acceptance per source (the lookup's split by short and sure matches) from what the target
+kept, forgotten slowly.
 ``source`` names the choice of the last proposal, so the loop's events (and the run's stats)
 say how often each source drafted.
 """
