@@ -79,6 +79,7 @@ class Pair:
         chooses its source by (``max_tokens``: the tokens the run can write; with a fixed K the
         model's prefill rate is measured once and kept, see ``cached_prefill_per_token``)."""
         if isinstance(k, KPolicy):
+            self._bet_on(k)
             return k
         if check_k(k) == "auto":
             raise BadOption("k 'auto' is timed from the pair's passes: call timed_auto_policy(max_tokens) "
@@ -96,10 +97,15 @@ class Pair:
 
                 rate = cached_prefill_per_token(self.drafter.backend)
             return HybridPolicy(policy, self.drafter, horizon=max_tokens, prefill_per_token=rate)
+        self._bet_on(policy)
+        return policy
+
+    def _bet_on(self, policy: KPolicy) -> None:
+        """A free drafter's bets (lookup, n-gram) weigh each proposal against this run's policy's
+        measured step costs when it is a calibrated AdaptiveK, and cut nothing otherwise."""
         bets = getattr(self.drafter, "bets", None)
         if bets is not None:
             bets.cost = policy if isinstance(policy, AdaptiveK) and policy.prior is not None else None
-        return policy
 
     def timed_auto_policy(self, max_tokens: int | None = None, n_prompt: int | None = None) -> KPolicy:
         """K = auto: an AdaptiveK started from this pair's pass costs, timed now (seconds on a large

@@ -11,7 +11,7 @@ from specmac.api import Pair
 from specmac.cli import main
 from specmac.core.bets import Bets
 from specmac.core.costs import K_MAX, K_MODEL, bet_width
-from specmac.core.policy import AdaptiveK
+from specmac.core.policy import AdaptiveK, FixedK
 from specmac.core.sampling import SamplingParams
 
 GREEDY = SamplingParams(0.0)
@@ -190,3 +190,13 @@ def test_run_json_and_text_say_why_the_model_is_not_explored(tmp_path, monkeypat
     assert json.loads(res.output)["k_policy"]["k_choice"].startswith("model draft not explored")
     res = CliRunner().invoke(main, [*args, prompt])
     assert res.exit_code == 0 and "K choice: model draft not explored" in res.output
+
+
+def test_a_policy_object_passed_in_sets_the_bets_too():
+    pair = Pair.load("synthetic", "lookup")
+    auto = pair.timed_auto_policy(16, 4)
+    assert pair.drafter.bets.cost is auto
+    pair.generate("abcabcabc", params=GREEDY, max_tokens=4, k=FixedK(3))  # a policy object, fixed
+    assert pair.drafter.bets.cost is None
+    pair.generate("abcabcabc", params=GREEDY, max_tokens=4, k=auto)
+    assert pair.drafter.bets.cost is auto
