@@ -108,18 +108,23 @@ def main() -> None:
                                            f"{QWEN_15B_GGUF}]")
     ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE",
                     help="a target backend option, e.g. dtype=bfloat16 (repeatable)")
-    ap.add_argument("--categories", help="a comma list of the categories to run (default: all)")
+    ap.add_argument("--categories", default="", help="comma-separated categories (default: every one)")
+    ap.add_argument("--drafts", default=",".join(DRAFTS), help="drafts, comma-separated (default: all)")
     args = ap.parse_args()
     target = args.target_model or str(args.models_dir / QWEN_15B_GGUF)
     draft = str(args.models_dir / QWEN_05B_GGUF)
     tb = args.target_backend
-    prompts = pick(read_prompts(PACKAGED_WORKLOAD, turns="all"), args.per_category)
-    if args.categories:
-        prompts = [p for p in prompts if p["category"] in args.categories.split(",")]
+    prompts = read_prompts(PACKAGED_WORKLOAD, turns="all")
+    wanted = [c for c in args.categories.split(",") if c]
+    unknown = sorted(set(wanted) - {p["category"] for p in prompts})
+    if unknown:
+        ap.error(f"--categories: no prompts of {', '.join(unknown)} in the packaged workload")
+    prompts = pick([p for p in prompts if not wanted or p["category"] in wanted], args.per_category)
+    drafts = [d for d in args.drafts.split(",") if d]
     topts = dict(kv.split("=", 1) for kv in args.target_opt)
     backends = {tb: {"target_model": target, "target_options": topts}}
     backends.setdefault("gguf", {})["draft_model"] = draft
-    settings = Settings(pairs=parse_pairs([f"{d}:{tb}" for d in DRAFTS]), ks=parse_ks(args.k),
+    settings = Settings(pairs=parse_pairs([f"{d}:{tb}" for d in drafts]), ks=parse_ks(args.k),
                         prompts=prompts,
                         params=SamplingParams(0.0), max_tokens=args.max_tokens, repeats=args.repeats,
                         warmup_tokens=4, chat=True, backends=backends)

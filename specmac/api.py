@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from specmac.backends import BaseBackend, load_backend
+from specmac.core.costs import K_MAX, K_MODEL
 from specmac.core.drafters import Drafter, PlainDecoding, check_draft_args, load_drafter
 from specmac.core.hybrid import HybridDrafter, HybridPolicy
 from specmac.core.loop import Event, speculative_steps
-from specmac.core.policy import K_DEFAULT, K_LIMIT, FixedK, KPolicy
+from specmac.core.policy import K_DEFAULT, K_LIMIT, AdaptiveK, FixedK, KPolicy
 from specmac.core.prediction import PredictionDrafter
 from specmac.core.rejection import AcceptRule
 from specmac.core.runstats import RunStats
@@ -98,8 +99,10 @@ class Pair:
         """The K policy that ``k`` names, at no cost: an integer >= 1 (FixedK) or a policy object,
         returned as is. "auto" needs the pair's pass costs: it is ``timed_auto_policy``. A hybrid
         drafter's policy is wrapped in a HybridPolicy, which hands the drafter the costs it
-        chooses its source by (``max_tokens``: the tokens the run can write)."""
+        chooses its source by (``max_tokens``: the tokens the run can write; with a fixed K the
+        model's prefill rate is measured once and kept, see ``cached_prefill_per_token``)."""
         if isinstance(k, KPolicy):
+            self._bet_on(k)
             return k
         if check_k(k) == "auto":
             raise BadOption("k 'auto' is timed from the pair's passes: call timed_auto_policy(max_tokens) "
@@ -107,21 +110,39 @@ class Pair:
         return self._wrap(FixedK(int(k)), max_tokens)
 
     def _wrap(self, policy: KPolicy, max_tokens: int | None) -> KPolicy:
+        """The policy as this drafter needs it: a hybrid's wrapped with the costs it chooses by
+        (the model's prefill rate included, whatever K); a free drafter's bets (lookup, n-gram) cut
+        by the policy's measured step costs under "auto", uncut under a fixed K."""
         if isinstance(self.drafter, HybridDrafter):
-            return HybridPolicy(policy, self.drafter, horizon=max_tokens,
-                                prefill_per_token=getattr(policy, "prefill_per_token", None))
+            rate = getattr(policy, "prefill_per_token", None)
+            if not rate:
+                from specmac.core.calibration import cached_prefill_per_token
+
+                rate = cached_prefill_per_token(self.drafter.backend)
+            return HybridPolicy(policy, self.drafter, horizon=max_tokens, prefill_per_token=rate)
+        self._bet_on(policy)
         return policy
+
+    def _bet_on(self, policy: KPolicy) -> None:
+        """A free drafter's bets (lookup, n-gram) weigh each proposal against this run's policy's
+        measured step costs when it is a calibrated AdaptiveK, and cut nothing otherwise."""
+        bets = getattr(self.drafter, "bets", None)
+        if bets is not None:
+            bets.cost = policy if isinstance(policy, AdaptiveK) and policy.prior is not None else None
 
     def timed_auto_policy(self, max_tokens: int | None = None, n_prompt: int | None = None) -> KPolicy:
         """K = auto: an AdaptiveK started from this pair's pass costs, timed now (seconds on a large
         model) or kept from an earlier run (see specmac.core.calibration). ``max_tokens``, the
         run's length, sizes its exploration budget; with ``n_prompt``, the prompt's tokens, it
-        weighs the draft's prefill of the prompt against what drafting can win in the run."""
+        weighs the draft's prefill of the prompt against what drafting can win in the run. K goes
+        to ``K_MAX`` where drafts cost no pass (lookup, n-gram, a prediction; the hybrid's lookup
+        half), to ``K_MODEL`` for a model draft: the widths measured before the run."""
         from specmac.core.calibration import adaptive_policy
 
         self.fit_threads()  # the pass costs are timed (and kept) at the thread count the run will use
+        free = self.drafter.backend is None or isinstance(self.drafter, HybridDrafter)
         return self._wrap(adaptive_policy(self.target, self.drafter.backend, horizon=max_tokens,
-                                          n_prompt=n_prompt), max_tokens)
+                                          n_prompt=n_prompt, k_max=K_MAX if free else K_MODEL), max_tokens)
 
     def _resolve(self, k: int | str | KPolicy, max_tokens: int | None,
                  n_prompt: int | None = None) -> KPolicy:

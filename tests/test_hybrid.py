@@ -76,6 +76,9 @@ class Costs:
     def prefill_s(self, n):
         return n * self.rate
 
+    def timed(self):
+        return True
+
 
 def hybrid(**costs):
     model = ModelDrafter(load_backend("synthetic", None, None, role="draft"))

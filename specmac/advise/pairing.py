@@ -15,7 +15,7 @@ from specmac.advise.measure import Probe, probe_draft, probe_target, reference_t
 from specmac.advise.predict import K_TIE, Costs, acceptance, best, chances, why_list
 from specmac.advise.variants import Variant
 from specmac.api import Pair
-from specmac.core.costs import K_MAX
+from specmac.core.costs import K_MODEL
 from specmac.core.prompts import advise_prompts
 from specmac.core.sampling import SamplingParams
 from specmac.core.timing import check_context
@@ -38,7 +38,7 @@ def _profile(rows: list[list[list[float]]], k_max: int) -> list[float | None]:
 
 
 def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[str] | None = None,
-                run_tokens: int = 48, k_max: int = K_MAX, context: int = 128, repeats: int = 3,
+                run_tokens: int = 48, k_max: int = K_MODEL, context: int = 128, repeats: int = 3,
                 seed: int = 0) -> dict:
     """Predict tokens per target pass and the speedup over plain decoding for K = 1..k_max of this
     pairing (a model draft or the n-gram lookup), from measured costs and teacher-forced

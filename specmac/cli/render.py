@@ -51,6 +51,8 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
             how = policy.get("calibration_note") or ("kept from an earlier run" if policy.get(
                 "calibration_cached") else "measured before the first token")
             lines.append(f"pass costs for K: {how} ({policy['calibration_s']:.2f} s, not counted)")
+        if policy.get("k_choice"):
+            lines.append(f"K choice: {policy['k_choice']}")
     if r.get("threads"):
         lines.append("CPU threads: " + ", ".join(f"{role} {why}" for role, why in r["threads"].items()))
     ts, total = r["time_split"], r["seconds"]

@@ -15,6 +15,7 @@ import click
 
 from specmac.api import Pair
 from specmac.cli.render import EXIT_INTERRUPTED, STYLE, legend, stats_block, verdict, verify_table
+from specmac.core.hybrid import HybridPolicy
 from specmac.core.loop import Event
 from specmac.core.policy import AdaptiveK, FixedK, KPolicy
 from specmac.core.runstats import RunStats
@@ -139,7 +140,7 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_toke
               "seed": seed, **pair.info(), **meta}
     if predicted is not None:
         result["prediction"] = {**predicted.usage(), "prediction_tokens": len(predicted.pred)}
-    if isinstance(k, AdaptiveK):  # what it learned and the K it chose
+    if isinstance(k, (AdaptiveK, HybridPolicy)):  # what it learned and the K it chose
         result["k_policy"] = k.info()
     if baseline and not interrupted:
         base_events, interrupted = generate_events(pair.plain(), ids, params=params,

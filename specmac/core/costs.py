@@ -20,7 +20,11 @@ from typing import Any
 
 import numpy as np
 
-K_MAX = 16
+K_MAX = 32  # the widest K the cost model searches: drafts that cost no pass (lookup, n-gram, a prediction)
+# The widest K for a model draft. Its step costs K draft passes (c * K of a target pass) on top of
+# the batched pass, so S(K) peaks well before a free draft's does; measuring 33 widths at the
+# start of every model-draft run would double the probe for widths it would not choose.
+K_MODEL = 16
 # verdict thresholds on beta, shared with the probe (see specmac.probes.parallelism.verdict)
 BETA_PARALLEL, BETA_SERIAL = 0.25, 0.75
 
@@ -109,7 +113,7 @@ def predicted_speedup(k: int, alpha: Alpha, t_draft1: float, t_target: Curve,
     return expected_tokens(alpha, k) * (tt(1) + overhead) / (draft + tt(k + 1) + overhead)
 
 
-def speedup_table(alpha: Alpha, t_draft1: float, t_target: Curve, k_max: int = K_MAX,
+def speedup_table(alpha: Alpha, t_draft1: float, t_target: Curve, k_max: int = K_MODEL,
                   overhead: float = 0.0, catch_up: bool = False) -> list[dict]:
     """Per K = 1..k_max: k, tokens_per_pass, step_ms (draft + verify + overhead), predicted_speedup."""
     tt = curve_fn(t_target)
@@ -119,12 +123,24 @@ def speedup_table(alpha: Alpha, t_draft1: float, t_target: Curve, k_max: int = K
             for k in range(1, k_max + 1)]
 
 
-def best_k(alpha: Alpha, t_draft1: float, t_target: Curve, k_max: int = K_MAX,
+def best_k(alpha: Alpha, t_draft1: float, t_target: Curve, k_max: int = K_MODEL,
            overhead: float = 0.0, catch_up: bool = False) -> tuple[int, float]:
     """(argmax_K S(K), its S) over K = 1..k_max."""
     table = speedup_table(alpha, t_draft1, t_target, k_max, overhead, catch_up)
     row = max(table, key=lambda r: r["predicted_speedup"])
     return row["k"], row["predicted_speedup"]
+
+
+def bet_width(alpha: float, m: int, curve: Sequence[float]) -> int:
+    """The width w in 0..m (w = 0: no bet, a plain step) with the most expected tokens per second,
+    E(w) / T(w + 1), for a free draft of m tokens at acceptance alpha. ``curve[n]`` is the measured
+    step time over n tokens; widths beyond it are not considered (never extrapolated). Ties go to
+    the narrower width."""
+    t = np.asarray(curve, float)
+    ws = np.arange(0, max(0, min(int(m), len(t) - 2)) + 1)
+    a = min(max(float(alpha), 0.0), 1.0)
+    e = np.cumsum(a ** np.arange(len(ws)))  # E(w) = sum_{j<=w} alpha^j
+    return int(ws[int(np.argmax(e / t[ws + 1]))])
 
 
 def posterior_moments(accepted: float, rejected: float, k_max: int) -> np.ndarray:
@@ -163,7 +179,7 @@ def fit_beta(n: Sequence[int], t: Sequence[float]) -> tuple[float, float]:
     return t1, float(np.median((y[wide] / t1 - 1.0) / x[wide]))
 
 
-def why_not(alpha: Alpha, t_draft1: float, t_target: Curve, beta: float, k_max: int = K_MAX,
+def why_not(alpha: Alpha, t_draft1: float, t_target: Curve, beta: float, k_max: int = K_MODEL,
             overhead: float = 0.0, catch_up: bool = False) -> list[str]:
     """Reasons speculation does not pay (empty when the best S(K) > 1), most decisive first.
 

@@ -22,6 +22,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from specmac.backends import BaseBackend, backend_class, load_backend
+from specmac.core.bets import Bets
+from specmac.core.bets import common_prefix as _common_prefix
 from specmac.core.sampling import SamplingParams, StepNoise, perturb, sample, warp
 from specmac.errors import BadOption
 from specmac.vocab import Vocab, align_logits, check_compatible
@@ -142,16 +144,23 @@ class NgramDrafter(Drafter):
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.bets = Bets()  # under k="auto" a proposal is cut to the width that pays (specmac.core.bets)
 
     def max_k(self, n_seq: int) -> int:
         return 1 << 30
 
+    def trim(self, n: int) -> None:
+        if n == 0:
+            self.bets.reset()
+
     def propose(self, seq, k, params, rng, n_vocab, noise=None):
-        drafts = lookup(seq, k, self.max_ngram, self.min_ngram)
+        self.bets.learn(seq)
+        drafts = self.bets.cut(seq, lookup(seq, k, self.max_ngram, self.min_ngram), "ngram")
         return drafts, (None if params.greedy or noise is not None else OneHotRows(drafts, n_vocab))
 
     def info(self) -> dict:
-        return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+        return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram,
+                **self.bets.info()}
 
 
 def load_drafter(name: str | None, model: str | None = None, options: dict[str, Any] | None = None,
@@ -216,9 +225,3 @@ def lookup(seq: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -
             return [int(t) for t in s[start : start + k]]
     return []
 
-
-def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    if list(a[:n]) == list(b[:n]):
-        return n
-    return int(np.argmax(np.asarray(a[:n]) != np.asarray(b[:n])))

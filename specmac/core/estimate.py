@@ -32,6 +32,7 @@ class CostEstimator:
         # measured T_t(n) per width [K_MAX + 2] and T_d(1), and the run's residual against them
         self.prior: np.ndarray | None = None
         self.prior_draft = 0.0
+        self.measured = 0  # widths n = 1..measured timed before the run (the chooser goes no wider)
         self.resid_sum = self.resid_n = 0.0
         self.t1_doubted = False  # the run's wider passes beat the probe's T(1) by half
 
@@ -40,7 +41,13 @@ class CostEstimator:
         return self.prior is not None
 
     def set_costs(self, t_target: Sequence[float], t_draft1: float) -> None:
-        """Known costs: the target's pass T_t(n) for n = 1..len(t_target), the draft's pass."""
+        """Known costs: the target's pass T_t(n) for n = 1..len(t_target), the draft's pass. Widths
+        past the measured ones hold the widest measured cost, a placeholder: ``measured`` says how far
+        the curve is known, and the policies choose no wider."""
+        if not 1 <= len(t_target) <= K_MAX + 1:
+            raise ValueError(f"t_target has {len(t_target)} widths: give T_t(n) for n = 1..{K_MAX + 1} "
+                             "at most")
+        self.measured = len(t_target)
         n = np.arange(1, len(t_target) + 1)
         curve = np.interp(np.arange(K_MAX + 2), n, np.asarray(t_target, float))  # n = 0, n > len: ends
         self.prior = np.maximum(curve, 1e-12)

@@ -6,10 +6,13 @@ the width that pays best), the model's draft at the best K (K passes of the mode
 pass of K + 1), and no draft (a plain step). It proposes the best. The model's prefill of what it
 has not seen (the whole prompt the first time it is asked; what lookup steps added since) is
 counted in that choice, spread over the tokens the run has left, so on a long prompt with a short
-answer the model is never started unless it pays for it. Costs come from ``HybridPolicy``: the
-K policy's measured target curve and draft pass (``k="auto"``), or, with a fixed K, the run's own
-step times (the target's) and the model's passes as they are timed; acceptance per source (the
-lookup's split by short and sure matches) from what the target kept, forgotten slowly.
+answer the model is never started unless it pays for it (``k_choice`` says so), with a fixed K
+too. Costs come from ``HybridPolicy``: the K policy's measured target curve and draft pass
+(``k="auto"``: the lookup's widths out to the widest measured, up to ``K_MAX``; the model's to
+``K_MODEL``), or, with a fixed K, the run's own step times (the target's; until one is timed the
+model, whose prefill cannot yet be weighed, is not started) and the model's passes as they are
+timed; acceptance per source (the lookup's split by short and sure matches) from what the target
+kept, forgotten slowly.
 ``source`` names the choice of the last proposal, so the loop's events (and the run's stats)
 say how often each source drafted.
 """
@@ -21,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from specmac.core.costs import K_MAX
+from specmac.core.costs import K_MAX, K_MODEL
 from specmac.core.drafters import (
     FACTORIES,
     HYBRID,
@@ -56,6 +59,7 @@ class HybridDrafter(Drafter):
         self._source = NONE
         self._pending: list[tuple[int, str, list[int]]] = []
         self.model_started = False
+        self.k_choice = ""  # why the model was not started where its prefill is what stopped it
         self.model_prefill_s: float | None = None  # what the model's first proposal paid beyond its passes
         self.t_model: list[float] = []  # seconds per model pass, from proposals with little to catch up
 
@@ -109,9 +113,10 @@ class HybridDrafter(Drafter):
             i = int(np.argmax(rate))
             if rate[i] > best[2]:
                 best = ("lookup", int(m[i]), float(rate[i]))
-        if k:  # K is chosen under k="auto"; a fixed K is the user's
+        # K is chosen under k="auto"; a fixed K is the user's (and waits for a timed step, ``timed``)
+        if k and (self.cost is None or self.cost.timed()):
             adaptive = self.cost is not None and self.cost.adaptive
-            ks = np.arange(1, min(k, top) + 1) if adaptive else np.array([k])
+            ks = np.arange(1, min(k, top, K_MODEL) + 1) if adaptive else np.array([k])
             e = _expected(self.alpha("model"), ks)
             td = self.t_draft1()
             width = curve[np.minimum(ks + 1, top + 1)]
@@ -123,6 +128,13 @@ class HybridDrafter(Drafter):
             i = int(np.argmax(rate))
             if rate[i] > best[2]:
                 best = (self.model_source, int(ks[i]), float(rate[i]))
+            elif left and prefill and not self.model_started and not self.k_choice:
+                free = float(np.max(e / (ks * td + width)))  # the model's rate were its prefill free
+                if free > best[2]:
+                    saving = left / best[2] - left / free
+                    self.k_choice = (f"model draft not explored: its prefill of {behind} tokens \u2248 "
+                                     f"{prefill:.2g} s exceeds the best saving over {left} tokens \u2248 "
+                                     f"{saving:.2g} s")
         return best[0], best[1]
 
     def propose(self, seq, k, params, rng, n_vocab, noise=None):
@@ -155,6 +167,7 @@ class HybridDrafter(Drafter):
     def info(self) -> dict:
         return {**self.model.info(), "drafter": self.label, "lookup": self.lookup.info(),
                 "steps_by_source": dict(self.steps), "model_prefill_s": self.model_prefill_s,
+                "k_choice": self.k_choice,
                 "alpha": {k: self.alpha(k) for k in self.acc}}
 
 
@@ -166,7 +179,8 @@ def _expected(alpha: float, ks: np.ndarray) -> np.ndarray:
 class HybridPolicy:
     """Wraps the run's K policy for a hybrid drafter: the loop asks it for K and tells it each
     event; it hands the drafter the costs (the inner policy's target curve and draft pass where
-    it has them, ``k="auto"``; else the steps' own times) and the tokens the run has left."""
+    it has them, ``k="auto"``; else the steps' own times), the model's prefill rate (measured,
+    with a fixed K too) and the tokens the run has left."""
 
     def __init__(self, inner: Any, drafter: HybridDrafter, horizon: int | None = None,
                  prefill_per_token: float | None = None) -> None:
@@ -204,11 +218,12 @@ class HybridPolicy:
         self._curve = None
 
     def curve(self) -> np.ndarray:
-        """[K_MAX + 2] seconds of a target step per width n: the inner policy's estimate, or the
-        steps' own mean per width (a width not seen costs what the nearest seen narrower one does)."""
+        """Seconds of a target step per width n: the inner policy's estimate out to its widest
+        measured width, or ([K_MAX + 2]) the steps' own mean per width (a width not seen costs what
+        the nearest seen narrower one does; before any step every width costs 1, see ``timed``)."""
         if self._curve is None:
             if self.adaptive:
-                self._curve = np.asarray(self.inner.costs.curve(), float)
+                self._curve = np.asarray(self.inner.width_costs(), float)
             else:
                 seen = self.n_seen > 0
                 if not seen.any():
@@ -225,6 +240,11 @@ class HybridPolicy:
     def t_draft1(self) -> float:
         return self.inner.costs.prior_draft if self.adaptive else 0.0
 
+    def timed(self) -> bool:
+        """Are the target's step costs known in seconds (measured, or a step timed), so the model's
+        prefill can be weighed against them? With a fixed K the first step is not yet timed."""
+        return self.adaptive or bool(self.n_seen.any()) or not self.prefill_per_token
+
     def tokens_left(self) -> int | None:
         return None if self.horizon is None else max(self.horizon - self.n_out, 1)
 
@@ -234,7 +254,7 @@ class HybridPolicy:
 
     def info(self) -> dict:
         base = self.inner.info() if hasattr(self.inner, "info") else {"policy": self.label}
-        return base | {"hybrid": self.drafter.info()}
+        return base | {"hybrid": self.drafter.info(), "k_choice": self.drafter.k_choice}
 
 
 FACTORIES[HYBRID] = lambda model, name: HybridDrafter(LookupDrafter(), model, name=name)

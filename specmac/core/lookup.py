@@ -8,7 +8,10 @@ often each token followed (ties: the latest). The draft follows the majority whi
 ``agree`` of the still-consistent continuations agree, and stops where they part, so its length
 comes from how far earlier continuations agree. Below ``min_match`` tokens of match, or where
 short matches (under ``sure_match``) have kept being rejected in this run, it proposes nothing:
-the step is a plain one and costs what plain decoding costs.
+the step is a plain one and costs what plain decoding costs. Under ``k="auto"`` a proposal is
+also cut to the width its kind's running acceptance pays for on the measured step costs
+(``specmac.core.bets``; short and sure matches apart), so a weak match is not verified where the
+wider pass costs more than it wins.
 
 The drafter learns what was kept from the next committed sequence (the part of its last draft
 that the target kept), so it needs nothing from the loop beyond the contract.
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specmac.core.bets import Bets
 from specmac.core.drafters import FACTORIES, Drafter, OneHotRows, _common_prefix
 
 
@@ -79,6 +83,7 @@ class LookupDrafter(Drafter):
         self.kept = np.zeros(max_match + 1)
         self.n_proposed = self.n_declined = 0
         self.last_match = 0
+        self.bets = Bets()
 
     def max_k(self, n_seq: int) -> int:
         return 1 << 30
@@ -89,6 +94,7 @@ class LookupDrafter(Drafter):
         if n == 0:  # a new run: what was learnt about this text is forgotten
             self.tried[:] = self.kept[:] = 0
             self._pending = None
+            self.bets.reset()
 
     def _sync(self, seq: Sequence[int]) -> None:
         """Index exactly seq: append what is new (the loop only appends between trims)."""
@@ -151,9 +157,12 @@ class LookupDrafter(Drafter):
 
     def propose(self, seq, k, params, rng, n_vocab, noise=None):  # one-hot: the noise is not needed
         self._learn(seq)
+        self.bets.learn(seq)
         drafts, n = self.draft(seq, k)
         if drafts:
-            self._pending = (len(seq), n, drafts)
+            self._pending = (len(seq), n, drafts)  # the gate learns from the whole proposal
+            drafts = self.bets.cut(seq, drafts, "sure" if n >= self.sure_match else "short")
+        if drafts:
             self.n_proposed += 1
         else:
             self.n_declined += 1
@@ -161,7 +170,8 @@ class LookupDrafter(Drafter):
 
     def info(self) -> dict:
         return {"drafter": self.name, "min_match": self.min_match, "max_match": self.max_match,
-                "agree": self.agree, "sure_match": self.sure_match, "min_accept": self.min_accept}
+                "agree": self.agree, "sure_match": self.sure_match, "min_accept": self.min_accept,
+                **self.bets.info()}
 
 
 FACTORIES["lookup"] = LookupDrafter

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from specmac.core.costs import K_MAX, posterior_moments
+from specmac.core.costs import K_MAX, K_MODEL, posterior_moments
 from specmac.core.estimate import CostEstimator
 
 K_DEFAULT = 4  # drafts per step unless told otherwise
@@ -53,8 +53,10 @@ class AdaptiveK:
     wide K down to a narrow one (results/advise).
 
     Started from measured costs (``set_costs``; ``specmac.core.calibration`` times them for
-    ``k="auto"``) no step is spent exploring. Uncalibrated, a short warm-up visits K = 2, 6 and 16
-    and every ``explore_every`` steps a neighbour of the current best is tried. A probe's T(1)
+    ``k="auto"``) no step is spent exploring, and K is never wider than the widest width measured
+    (a width never timed is never chosen). ``k_max`` is ``K_MODEL`` for a model draft, up to
+    ``K_MAX`` for drafts that cost no pass. Uncalibrated, a short warm-up visits K = 2, 6 and
+    ``k_max`` and every ``explore_every`` steps a neighbour of the current best is tried. A probe's T(1)
     that the run's wider passes show stalled is timed again by one plain step. When no K is
     predicted to beat plain decoding it drafts nothing (K = 0) and tries again only within an
     exploration budget (``_best``); ``k_min=1`` always drafts.
@@ -62,7 +64,7 @@ class AdaptiveK:
 
     label = "auto"
 
-    def __init__(self, k_max: int = K_MAX, k_init: int = 4, warmup: Sequence[int] = (2, 6, K_MAX),
+    def __init__(self, k_max: int = K_MODEL, k_init: int = 4, warmup: Sequence[int] | None = None,
                  decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 4.0,
                  explore_every: int = 16, k_min: int = 0, off_z: float = 1.64,
                  budget: float = 0.03, horizon: int | None = None) -> None:
@@ -70,7 +72,7 @@ class AdaptiveK:
         if k_min not in (0, 1):
             raise ValueError(f"k_min {k_min!r} is out of range: use 0 (may stop drafting) or 1")
         self.k_min, self.off_z = int(k_min), off_z
-        self.schedule = [self._clamp(k) for k in warmup]
+        self.schedule = [self._clamp(k) for k in (warmup if warmup is not None else (2, 6, self.k_max))]
         self.decay, self.explore_every = decay, explore_every
         self.acc = prior_alpha * prior_weight  # decayed accepted drafts
         self.trials = prior_weight  # decayed accepted + rejected drafts
@@ -85,6 +87,7 @@ class AdaptiveK:
         # the draft's prefill (set_prefill): seconds per token of catching the draft up, and the
         # tokens it has not seen (the prompt, then what steps without drafts added)
         self.prefill_per_token, self.n_behind, self.n_out = 0.0, 0, 0
+        self.k_choice = ""  # why the first choice drafts nothing, where its costs say so (the run's stats)
 
     def set_prefill(self, per_token: float, n_prompt: int) -> None:
         """The draft's prefill costs ``per_token`` seconds a token, and it has not seen the prompt's
@@ -94,6 +97,7 @@ class AdaptiveK:
         self.prefill_per_token, self.n_behind = float(per_token), int(n_prompt)
         if self.prior is not None:
             self._k = self._best()
+            self.k_choice = self._first_choice()
 
     def prefill_s(self) -> float:
         """Seconds the draft's catching up on what it has not seen will cost the next drafting step."""
@@ -107,7 +111,10 @@ class AdaptiveK:
     def set_costs(self, t_target: Sequence[float], t_draft1: float) -> None:
         """Start from known costs (seconds): the target's pass T_t(n) for n = 1..len(t_target) and
         the draft's one-token pass. No exploring steps follow; the run's steps refine them."""
+        if len(t_target) < 2:
+            raise ValueError(f"t_target has {len(t_target)} width: give T_t(1) and T_t(2) at least")
         self.costs.set_costs(t_target, t_draft1)
+        self.k_max = min(self.k_max, len(t_target) - 1)  # no wider than measured
         self.schedule, self.explore_every = [], 0
         self._k = self._best()
 
@@ -131,6 +138,11 @@ class AdaptiveK:
 
     def t_target(self, n: int) -> float:
         return self.costs.t_target(n)
+
+    def width_costs(self) -> np.ndarray:
+        """[k_max + 2] estimated step time per width n (index n) out to the widest K this policy may
+        choose: what a drafter that costs no pass weighs each bet against (``specmac.core.bets``)."""
+        return self.costs.curve()[: self.k_max + 2]
 
     # --- choosing -----------------------------------------------------------------------
     def _speedups(self, optimistic: bool = False, curve: np.ndarray | None = None) -> np.ndarray:
@@ -173,6 +185,25 @@ class AdaptiveK:
         ok = (hope >= 1.0) & (worst <= room)
         return int(ks[ok][np.argmax(hope[ok])]) if ok.any() else 0
 
+    def _first_choice(self) -> str:
+        """Why the first step drafts nothing when the draft's prefill is what stops it: the prefill
+        against the best saving drafting could make over the tokens left (at the optimistic
+        acceptance), both in seconds. Empty where it drafts, or where it would not even unpaid."""
+        if self._k or not self.n_behind or not self.prefill_per_token or not self.horizon:
+            return ""
+        rate, prefill = self.prefill_per_token, self.prefill_s()
+        self.prefill_per_token = 0.0
+        try:  # the same choice with the prefill free
+            hope, free = float(np.max(self._speedups(True))), self._best()
+        finally:
+            self.prefill_per_token = rate
+        if not free or hope <= 1.0:
+            return ""
+        left = max(self.horizon - self.n_out, 1)
+        saving = left * float(self.costs.curve()[1]) * (1.0 - 1.0 / hope)
+        return (f"model draft not explored: its prefill of {self.n_behind} tokens \u2248 {prefill:.2g} s "
+                f"exceeds the best saving over {left} tokens \u2248 {saving:.2g} s")
+
     def _t1_stalled(self) -> bool:
         return self.costs.t1_stalled()
 
@@ -212,5 +243,6 @@ class AdaptiveK:
                 "k_min": self.k_min, "t_draft1_ms": self.t_draft1() * 1e3,
                 "t_target1_ms": self.t_target(1) * 1e3, "calibrated": self.prior is not None,
                 "calibration_s": self.calibration_s, "calibration_cached": self.calibration_cached,
-                "exploration_lost_s": self.lost, "draft_prefill_per_token_ms": self.prefill_per_token * 1e3,
+                "exploration_lost_s": self.lost, "k_max": self.k_max, "k_choice": self.k_choice,
+                "draft_prefill_per_token_ms": self.prefill_per_token * 1e3,
                 "k_history": list(self.history)}

@@ -129,7 +129,7 @@ class Worker:
         predicted = pair.prediction_drafter(req.prediction) if req.prediction is not None and k != 0 else None
         max_tokens = req.max_tokens or target.n_ctx  # the loop stops at the context window first
         # k 0: no drafter, so no drafts whatever K says; "auto" times the pair's passes (kept costs)
-        policy = pair.timed_auto_policy(max_tokens) if k == "auto" else pair.policy(k or 1)
+        policy = pair.timed_auto_policy(max_tokens, len(ids)) if k == "auto" else pair.policy(k or 1)
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         stats = RunStats(k=k)
         steps = pair.stream(ids, params=req.params, max_tokens=max_tokens, k=policy, seed=seed,
