@@ -52,6 +52,7 @@ class Probe:
     prefills: list[float] = field(default_factory=list)  # seconds per reference prompt (a model draft)
     t_feed: float = 0.0  # seconds per token a draft's batched pass takes (median of its prefills)
     lookup: list | None = None  # a hybrid: the lookup's proposals per text and position, beside ``rows``
+    alone: Probe | None = None  # a hybrid: its lookup alone, which it is where its model would not pay
     seconds: float = 0.0  # what loading and probing this variant took (the reference text included)
 
 

@@ -264,24 +264,41 @@ def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, i
         for di, d in enumerate(drafts):
             if (di, ti) not in alphas:
                 continue
-            chains = alphas[di, ti]
             costs = Costs(step, d.t_pass[0] + (w_draft if not d.variant.model_free else 0.0),
                           d.t_prefill, run_tokens, d.t_feed)
-            k, tps = best(costs, chains, k_max, K_TIE)
+            # a hybrid starts its model only where that pays: else it is its lookup alone
+            options = [(costs, di)] + [(Costs(step, 0.0), li) for li, a in enumerate(drafts)
+                                       if a is d.alone and (li, ti) in alphas]
+            (costs, ci), k, tps = max(((o, *best(o[0], alphas[o[1], ti], k_max, K_TIE)) for o in options),
+                                      key=lambda x: x[2])
+            chains = alphas[ci, ti]
             reason = why(costs, chains, beta, k_max, k) if tps <= base.tps(0.0, 0) else None
             entries.append(_entry(d, t, k, tps, chains.alpha, beta, costs.t_draft / step[0], reason))
             entries[-1]["by_k"] = [costs.tps(chains, j) for j in range(1, k_max + 1)]  # K = 1..k_max
             entries[-1]["tokens_per_pass"] = chains.tokens[k - 1]
             entries[-1]["draft_prefill_ms"] = 1e3 * d.t_prefill
+            if d.variant.hybrid:
+                entries[-1]["model_started"] = ci == di
+                if ci != di and reason is None:
+                    reason = entries[-1]["reason"] = "its model does not pay here: it runs as lookup alone"
             if by_category is not None:
-                entries[-1]["by_category"] = category_predictions(costs, by_category[di, ti], d,
-                                                                  groups or {}, k, k_max)
+                per = []
+                for o, i in options:  # a hybrid: per category, whichever of its options is faster
+                    per.append(category_predictions(o, by_category[i, ti], drafts[i], groups or {}, k, k_max))
+                    if d.variant.hybrid:
+                        for c in per[-1].values():
+                            c["model_started"] = i == di
+                entries[-1]["by_category"] = {c: max((p[c] for p in per),
+                                                     key=lambda x: x["predicted_tokens_per_second"])
+                                              for c in (groups or {})}
     groups_: dict[str, list[dict]] = {}
     for e in entries:
         groups_.setdefault(e["group"], []).append(e)
     out = []
     for group in sorted(groups_, key=lambda g: -max(e["predicted_tokens_per_second"] for e in groups_[g])):
-        rows = sorted(groups_[group], key=lambda e: -e["predicted_tokens_per_second"])
+        # a hybrid that runs as its lookup alone ranks after the lookup it equals
+        rows = sorted(groups_[group], key=lambda e: (-e["predicted_tokens_per_second"],
+                                                     e.get("model_started") is False))
         plain = max((e for e in rows if e["k"] == 0), key=lambda e: e["predicted_tokens_per_second"])
         for e in rows:
             e["predicted_speedup"] = e["predicted_tokens_per_second"] / plain["predicted_tokens_per_second"]

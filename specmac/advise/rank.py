@@ -137,6 +137,9 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
             add(Probe(hv, p.t_pass, 0.0, p.rows, t_prefill=p.t_prefill, prefills=p.prefills, t_feed=p.t_feed,
                       lookup=looked, seconds=p.seconds))
         p.rows = probed[-1].rows = []  # the acceptances are all this draft's logits were for
+    for h in probed:  # the hybrid's lookup is LookupDrafter: what it is where its model does not pay
+        if h.variant.hybrid:
+            h.alone = next((p for p in probed if p.variant.backend == "lookup"), None)
     width = vocab.n_logits or vocab.size
     w1, wn = (warp_cost_ms(width, vocab.size, params, n) / 1e3 for n in (1, k_max + 1))
     w_row = max(wn - w1, 0.0) / k_max
@@ -154,8 +157,10 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
                         "alpha": a.alpha, "tokens_per_pass": a.tokens} for (di, ti), a in alphas.items()],
         "skipped": skipped,
         "reference": {**ref.info(), "written_by": targets[0].variant.label},
-        "hybrid": "predicted from the measured acceptances: per step, the lookup's drafts where it proposes, "
-                  "the model's elsewhere, the model fed what lookup steps wrote (a batched pass per token "
-                  "at its prefill's rate)",
+        "hybrid": "predicted from the measured acceptances, not run: per step the lookup's drafts where it "
+                  "proposes, the model's elsewhere, the model fed what lookup steps wrote (a batched pass at "
+                  "its prefill's rate per token) and its prefill of the prompt paid; where that is slower "
+                  "than the lookup alone, it is the lookup alone (the hybrid starts its model only where it "
+                  "pays)",
         "k_max": k_max, "sampling": params.to_dict(), "seconds": time.perf_counter() - t0,
     }
