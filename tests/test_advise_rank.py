@@ -44,7 +44,8 @@ def test_a_paying_draft_ranks_first_with_its_k():
              "--draft-opt", "noise=0.1")
     check_ranking(r)
     top = r["ranking"][0]
-    assert top["draft"] in ("synthetic", "lookup+synthetic") and top["k"] >= 4 and top["predicted_speedup"] > 2
+    assert top["draft"] in ("synthetic", "lookup+synthetic")
+    assert top["k"] >= 4 and top["predicted_speedup"] > 2
     assert {e["draft"] for e in r["ranking"]} == {"synthetic", "lookup+synthetic", "ngram", "lookup", "none"}
 
 

@@ -88,8 +88,8 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
         try:
             backend = load_backend(v.backend, v.model, v.options, role="target")
             if chat and not has_chat_template(backend):
-                raise SpecmacError(f"chat: target {v.label} ({v.source}) has no chat template: drop chat, "
-                                   "or give a model that has one", param="chat")
+                raise SpecmacError(f"chat: target {v.label} ({v.source}) has no chat template: give the "
+                                   "prompts without it, or a model that has one", param="chat")
             if ref is None:  # the first target that writes one gives the reference text
                 ref = reference(backend, prompts, params, run_tokens, seed, chat)
                 texts, starts, vocab = ref.texts, ref.starts, backend.vocab
