@@ -177,3 +177,18 @@ def test_the_hybrid_drafts_from_the_lookup_where_it_proposes_and_the_model_elsew
     assert Chains.of([ch], 2, True).passes[1] > mixed.passes[1]  # all model steps: more passes
     alone = Chains.of([ch], 2, False)
     assert alone.passes == [0.0, 0.0] and alone.catch_up == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("draft", ["lookup", "lookup+synthetic"])
+def test_one_pairing_advises_lookup_and_the_hybrid_per_category(tmp_path, draft):
+    res = advise("--draft", draft, "--target", "synthetic", "--prompts", workload(tmp_path), "--json",
+                 "--run-tokens", "16", "--repeats", "1", "--context", "8")
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    r = json.loads(res.stdout)
+    assert [row["k"] for row in r["table"]] == list(range(1, 17))
+    assert set(r["by_category"]) == {"code", "prose"}
+    assert all(c["k"] == r["best_k"] and c["predicted_speedup"] > 0 for c in r["by_category"].values())
+    assert (r["model_started"] is None) == (draft == "lookup")
+    text = advise("--draft", draft, "--target", "synthetic", "--prompts", workload(tmp_path),
+                  "--run-tokens", "16", "--repeats", "1", "--context", "8")
+    assert text.exit_code == 0 and "per category at K = " in text.output

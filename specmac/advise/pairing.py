@@ -96,13 +96,23 @@ def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[s
     w_draft = 0.0 if params.greedy or draft is None else w1
     costs = Costs(step, dp.t_pass[0] + w_draft, dp.t_prefill, run_tokens, dp.t_feed)
     plain = costs.tps(0.0, 0)
-    table = [{"k": k, "tokens_per_pass": chains.tokens[k - 1],
-              "step_ms": 1e3 * chains.tokens[k - 1] / costs.tps(chains, k),
-              "predicted_speedup": costs.tps(chains, k) / plain} for k in range(1, k_max + 1)]
     k, tps = best(costs, chains, k_max, K_TIE)
+    started, used = None, dp
+    if hybrid:  # the hybrid starts its model only where that pays: else it is its lookup alone
+        alone = Probe(Variant("draft", "lookup", None, {}, "lookup", "prompt"), [0.0], rows=dp.lookup)
+        a_chains, a_cat = acceptance_by_category(alone, tp, params, k_max, groups)
+        a_costs = Costs(step, 0.0)
+        a_k, a_tps = best(a_costs, a_chains, k_max, K_TIE)
+        started = a_tps <= tps
+        if not started:
+            costs, chains, by_cat, used, k, tps = a_costs, a_chains, a_cat, alone, a_k, a_tps
+    table = [{"k": j, "tokens_per_pass": chains.tokens[j - 1],
+              "step_ms": 1e3 * chains.tokens[j - 1] / costs.tps(chains, j),
+              "predicted_speedup": costs.tps(chains, j) / plain} for j in range(1, k_max + 1)]
     reasons = why_list(costs, chains, probe["beta"], k_max, k) if tps <= plain else []
     n_ref = sum(len(t) - s for t, s in zip(texts, starts))
     return {
+        "model_started": started,
         "best_k": k, "predicted_speedup": tps / plain, "alpha": chains.alpha,
         "alpha_profile": _profile(rows, k_max), "c": costs.t_draft / step[0],
         "beta": probe["beta"], "verdict": probe["verdict"],
@@ -112,7 +122,7 @@ def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[s
         "target_curve_ms": probe["batched_ms"],
         "loop_overhead_ms": [1e3 * (s - t) for s, t in zip(step, tp.t_pass)],
         "table": table, "reasons": reasons, "reference": ref.info(),
-        "by_category": _by_category(costs, by_cat, dp, groups, k, k_max, plain),
+        "by_category": _by_category(costs, by_cat, used, groups, k, k_max, plain),
         # acceptance is teacher-forced on the target's own continuation of each prompt
         "acceptance_run": {"k": None, "prompts": len(texts), "n_tokens": n_ref,
                            "n_drafted": sum(len(r) for r in rows),

@@ -232,4 +232,7 @@ def _print_advise(r: dict) -> None:
                    + "; ".join(r["reasons"]))
     else:
         click.echo(f"best K = {r['best_k']}: predicted speedup {r['predicted_speedup']:.2f}x")
+    if r.get("model_started") is False:
+        click.echo("the hybrid's model does not pay here (its prefill and passes): predicted as its lookup "
+                   "alone")
     print_pair_categories(r)
