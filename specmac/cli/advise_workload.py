@@ -70,7 +70,9 @@ def print_ranking_categories(r: dict, every: bool) -> None:
     if len(ref.get("categories", [])) < 2 or not r["ranking"]:
         return
     first = r["ranking"][0]["group"]
-    shown = [e for e in r["ranking"] if e["k"] and (every or e["group"] == first)]
+    # a hybrid predicted as its lookup alone would repeat the lookup's table
+    shown = [e for e in r["ranking"] if e["k"] and (every or e["group"] == first)
+             and (every or e.get("model_started") is not False)]
     for e in shown if every else shown[:TOP]:
         click.echo(f"\nper category: {_name(e)} (speedup over {e['baseline']})")
         _table(list(e["by_category"].items()), ref, e)
