@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from specmac.advise.variants import Variant
+from specmac.advise.workload import reference
 from specmac.api import Pair
 from specmac.backends import BaseBackend
 from specmac.core.calibration import pass_costs
@@ -20,7 +21,6 @@ from specmac.core.drafters import PlainDecoding, lookup
 from specmac.core.lookup import LookupDrafter
 from specmac.core.sampling import SamplingParams, warp
 from specmac.core.timing import time_single
-from specmac.errors import SpecmacError
 from specmac.vocab import align_logits
 
 
@@ -78,18 +78,9 @@ def _rows(backend: BaseBackend, texts: list[list[int]], starts: list[int], param
 def reference_texts(target: BaseBackend, prompts: Sequence[str], params: SamplingParams, run_tokens: int,
                     seed: int) -> tuple[list[list[int]], list[int]]:
     """Prompt + the target's own continuation (the text the loop will verify), and where each
-    continuation starts."""
-    plain = Pair(target, PlainDecoding())
-    texts, starts = [], []
-    for i, prompt in enumerate(prompts):
-        ids = plain.encode(prompt)
-        out = plain.generate(ids, params=params, max_tokens=run_tokens, seed=seed + i).token_ids
-        if out:
-            texts.append(ids + out)
-            starts.append(len(ids))
-    if not texts:
-        raise SpecmacError("the reference target wrote nothing after the prompts: give other prompts")
-    return texts, starts
+    continuation starts (``specmac.advise.workload.reference`` without its categories)."""
+    ref = reference(target, prompts, params, run_tokens, seed)
+    return ref.texts, ref.starts
 
 
 def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingParams, texts, starts,
