@@ -192,3 +192,14 @@ def test_one_pairing_advises_lookup_and_the_hybrid_per_category(tmp_path, draft)
     text = advise("--draft", draft, "--target", "synthetic", "--prompts", workload(tmp_path),
                   "--run-tokens", "16", "--repeats", "1", "--context", "8")
     assert text.exit_code == 0 and "per category at K = " in text.output
+
+
+def test_by_category_prints_every_configuration(tmp_path):
+    args = ["--target", "synthetic", "--prompts", workload(tmp_path), *FAST]
+    r = json.loads(advise(*args, "--json").stdout)
+    every = advise(*args, "--by-category").output.count("\nper category: ")
+    top = advise(*args).output.count("\nper category: ")
+    n_spec = sum(1 for e in r["ranking"] if e["k"])
+    assert every == n_spec and 1 <= top <= 3 < n_spec
+    res = advise("--draft", "synthetic", "--target", "synthetic", "--by-category")
+    assert res.exit_code == 2 and "--by-category applies only to the ranking" in res.output
