@@ -160,7 +160,13 @@ def test_advise_cli_json(name):
     top = max(row["predicted_speedup"] for row in r["table"])  # best K: the smallest within 2% of the top
     assert r["best_k"] == next(row["k"] for row in r["table"] if row["predicted_speedup"] >= 0.98 * top)
     assert (r["predicted_speedup"] > 1.0) == (not r["reasons"])
-    assert r["acceptance_run"]["prompts"] == 4  # the default set: code and prose
+    # the default set: the packaged workload (plain text: the embedded pair has no chat template)
+    assert r["prompts"] == {"source": "specmac:workload", "turns": "first", "chat": "auto"}
+    from specmac.core.prompts import PACKAGED_WORKLOAD, read_prompts
+
+    workload = read_prompts(PACKAGED_WORKLOAD)
+    assert r["acceptance_run"]["prompts"] + len(r["reference"]["unanswered"]) == len(workload)
+    assert r["reference"]["chat"] is False and len(r["by_category"]) == len({p["category"] for p in workload})
 
 
 def test_advise_pools_acceptance_over_its_prompts():

@@ -69,12 +69,13 @@ def test_the_profile_holds_the_ranking_per_group_ready_to_load(saved):
         assert c["predicted_speedup"] == e["predicted_speedup"] and c["sampler"] == "rejection"
         assert c["target"]["model"] == str((where / e["target_model"]).resolve())
         assert Path(c["target"]["model"]).is_absolute()
-        assert c["draft"]["kind"] == {"none": "none", "ngram": "lookup"}.get(e["draft"], "model")
+        assert c["draft"]["kind"] == {"none": "none", "ngram": "lookup", "lookup": "lookup"}.get(
+            e["draft"], "hybrid" if "+" in e["draft"] else "model")
         if c["draft"]["kind"] == "model":
             assert c["draft"]["model"] == str((where / "d-q8.gguf").resolve())
             assert c["draft"]["backend"] == "gguf"
     kinds = {c["draft"]["kind"] for c in flat}
-    assert kinds == {"none", "lookup", "model"}  # plain, the n-gram lookup and the draft model, per group
+    assert kinds == {"none", "lookup", "model", "hybrid"}  # plain, lookups, the draft model, the hybrid
 
 
 def test_build_profile_refuses_a_row_it_cannot_load(saved):
@@ -161,7 +162,7 @@ def _check_served(url: str, config: dict, k: int) -> dict:
     if draft["kind"] == "model":
         assert (served["draft"]["backend"], served["draft"]["model"]) == (draft["backend"], draft["model"])
     else:
-        assert served["draft"]["drafter"] == {"none": "none", "lookup": "ngram"}[draft["kind"]]
+        assert served["draft"]["drafter"] == ("none" if draft["kind"] == "none" else draft["backend"])
     assert served["k"] == k
     out = client.completions.create(model=model.id, prompt=PROMPT, max_tokens=6, temperature=0)
     assert out.choices[0].text and out.usage.completion_tokens == 6

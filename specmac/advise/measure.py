@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 
 from specmac.advise.variants import Variant
+from specmac.advise.workload import reference
 from specmac.api import Pair
 from specmac.backends import BaseBackend
 from specmac.core.calibration import pass_costs
 from specmac.core.drafters import PlainDecoding, lookup
+from specmac.core.lookup import LookupDrafter
 from specmac.core.sampling import SamplingParams, warp
 from specmac.core.timing import time_single
-from specmac.errors import SpecmacError
 from specmac.vocab import align_logits
 
 
@@ -45,7 +46,13 @@ class Probe:
     t_pass: list[float] = field(default_factory=list)  # seconds, T(n) for n = 1..; drafts: [T_d(1)]
     t_step: float = 0.0  # seconds the loop adds per step (targets)
     rows: list = field(default_factory=list)  # per text: argmax ids, warped probs or n-gram lookups
-    t_prefill: float = 0.0  # seconds a draft takes to prefill a prompt (median over the reference's)
+    # seconds a draft takes to prefill a prompt: the mean over the reference's (each prompt is one run,
+    # so a workload's time is their sum, however their lengths differ)
+    t_prefill: float = 0.0
+    prefills: list[float] = field(default_factory=list)  # seconds per reference prompt (a model draft)
+    t_feed: float = 0.0  # seconds per token a draft's batched pass takes (median of its prefills)
+    lookup: list | None = None  # a hybrid: the lookup's proposals per text and position, beside ``rows``
+    alone: Probe | None = None  # a hybrid: its lookup alone, which it is where its model would not pay
     seconds: float = 0.0  # what loading and probing this variant took (the reference text included)
 
 
@@ -71,18 +78,9 @@ def _rows(backend: BaseBackend, texts: list[list[int]], starts: list[int], param
 def reference_texts(target: BaseBackend, prompts: Sequence[str], params: SamplingParams, run_tokens: int,
                     seed: int) -> tuple[list[list[int]], list[int]]:
     """Prompt + the target's own continuation (the text the loop will verify), and where each
-    continuation starts."""
-    plain = Pair(target, PlainDecoding())
-    texts, starts = [], []
-    for i, prompt in enumerate(prompts):
-        ids = plain.encode(prompt)
-        out = plain.generate(ids, params=params, max_tokens=run_tokens, seed=seed + i).token_ids
-        if out:
-            texts.append(ids + out)
-            starts.append(len(ids))
-    if not texts:
-        raise SpecmacError("the reference target wrote nothing after the prompts: give other prompts")
-    return texts, starts
+    continuation starts (``specmac.advise.workload.reference`` without its categories)."""
+    ref = reference(target, prompts, params, run_tokens, seed)
+    return ref.texts, ref.starts
 
 
 def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingParams, texts, starts,
@@ -100,14 +98,30 @@ def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingP
 
 def probe_draft(v: Variant, backend: BaseBackend | None, params: SamplingParams, texts, starts,
                 n_vocab: int, k_max: int) -> Probe:
-    if backend is None:  # n-gram lookup: what it would copy at each position of the reference
+    if backend is None:  # prompt lookup: what it would copy at each position of the reference
         t0 = time.perf_counter()
-        rows = [[lookup(ids[:i], k_max) for i in range(start, len(ids))] for ids, start in zip(texts, starts)]
+        rows = lookup_rows(v.backend, texts, starts, params, n_vocab, k_max)
         t = (time.perf_counter() - t0) / max(sum(len(r) for r in rows), 1)
         return Probe(v, [t], 0.0, rows)
     t_d = time_single(backend, context=min(16, backend.n_ctx - 1), repeats=5, warmup=1)["median_ms"] / 1e3
     prefills: list[float] = []
     rows = _rows(backend, texts, starts, params, n_vocab, prefills)
-    return Probe(v, [t_d], 0.0, rows, t_prefill=float(np.median(prefills)))
+    feed = float(np.median([t / max(s, 1) for t, s in zip(prefills, starts)]))
+    return Probe(v, [t_d], 0.0, rows, t_prefill=float(np.mean(prefills)), prefills=prefills, t_feed=feed)
+
+
+def lookup_rows(name: str, texts, starts, params: SamplingParams, n_vocab: int, k_max: int) -> list[list]:
+    """Per text and reference position, the proposal of a model-free drafter there: "ngram" (the
+    last n-gram's latest earlier match) or "lookup" (``LookupDrafter``, walked along the text, so
+    what it learns of rejected short matches is learnt at every position, not only at the starts
+    of the loop's steps)."""
+    if name == "ngram":
+        return [[lookup(ids[:i], k_max) for i in range(start, len(ids))] for ids, start in zip(texts, starts)]
+    out = []
+    for ids, start in zip(texts, starts):
+        drafter = LookupDrafter()
+        out.append([drafter.propose(ids[:i], k_max, params, None, n_vocab)[0]
+                    for i in range(start, len(ids))])
+    return out
 
 

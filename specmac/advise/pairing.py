@@ -11,11 +11,22 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specmac.advise.measure import Probe, probe_draft, probe_target, reference_texts, warp_cost_ms
-from specmac.advise.predict import K_TIE, Costs, acceptance, best, chances, why_list
+from specmac.advise.measure import Probe, lookup_rows, probe_draft, probe_target, warp_cost_ms
+from specmac.advise.predict import (
+    K_TIE,
+    Costs,
+    acceptance_by_category,
+    best,
+    category_predictions,
+    chances,
+    why_list,
+)
 from specmac.advise.variants import Variant
+from specmac.advise.workload import reference
 from specmac.api import Pair
 from specmac.core.costs import K_MODEL
+from specmac.core.drafters import MODEL_FREE
+from specmac.core.hybrid import HybridDrafter
 from specmac.core.prompts import advise_prompts
 from specmac.core.sampling import SamplingParams
 from specmac.core.timing import check_context
@@ -23,8 +34,8 @@ from specmac.errors import BadOption
 from specmac.probes import probe_parallelism
 
 
-def _variant(role: str, backend) -> Variant:
-    name = backend.name if backend is not None else "ngram"
+def _variant(role: str, backend, name: str = "ngram") -> Variant:
+    name = backend.name if backend is not None else name
     return Variant(role, name, getattr(backend, "model_id", None) or None)
 
 
@@ -37,21 +48,23 @@ def _profile(rows: list[list[list[float]]], k_max: int) -> list[float | None]:
     return out
 
 
-def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[str] | None = None,
+def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[str | dict] | None = None,
                 run_tokens: int = 48, k_max: int = K_MODEL, context: int = 128, repeats: int = 3,
-                seed: int = 0) -> dict:
+                seed: int = 0, chat: bool | None = False) -> dict:
     """Predict tokens per target pass and the speedup over plain decoding for K = 1..k_max of this
-    pairing (a model draft or the n-gram lookup), from measured costs and teacher-forced
-    acceptance on ``prompts`` (None: ``advise_prompts()``), for runs of ``run_tokens`` tokens.
+    pairing (a model draft, a model-free lookup or the hybrid of lookup and a model), from measured
+    costs and teacher-forced acceptance on ``prompts`` (None: ``advise_prompts()``; workload
+    prompts: also per category, ``by_category``), for runs of ``run_tokens`` tokens; ``chat`` as
+    in ``specmac.advise.workload.reference``.
 
     Returns best_k, predicted_speedup, alpha, alpha_profile, c, beta, verdict, t_draft_ms,
     t_target_ms, table (per K: k, tokens_per_pass, step_ms, predicted_speedup), reasons (why
     speculation will not pay; empty when it will), the reference text's size and the probe record.
     """
-    draft = pair.drafter.backend
-    if not pair.speculative or (draft is None and pair.drafter.name != "ngram"):
-        raise BadOption(f"draft {pair.drafter.name!r} cannot be advised on: advise needs a draft model "
-                        "or ngram", param="draft")
+    draft, hybrid = pair.drafter.backend, isinstance(pair.drafter, HybridDrafter)
+    if not pair.speculative or (draft is None and pair.drafter.name not in MODEL_FREE):
+        raise BadOption(f"draft {pair.drafter.name!r} cannot be advised on: advise needs a draft model, "
+                        "a lookup (ngram, lookup) or a hybrid", param="draft")
     if prompts is None:
         prompts = advise_prompts()
     elif isinstance(prompts, str):
@@ -63,28 +76,43 @@ def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[s
     check_context(target, context, k_max + 1)  # refused before anything is measured, never clamped
     if draft is not None:
         check_context(draft, context, 1)
-    texts, starts = reference_texts(target, list(prompts), params, run_tokens, seed)
+    ref = reference(target, list(prompts), params, run_tokens, seed, chat)
+    texts, starts, groups = ref.texts, ref.starts, ref.groups()
     probe = probe_parallelism(target, n_max=k_max + 1, context=context, repeats=repeats)
     n_vocab = target.vocab.size
     tp = probe_target(_variant("target", target), target, k_max, params, texts, starts, n_vocab,
                       t_pass=[ms / 1e3 for ms in probe["batched_ms"]])
-    dp: Probe = probe_draft(_variant("draft", draft), draft, params, texts, starts, n_vocab, k_max)
+    dv = _variant("draft", draft, pair.drafter.name)
+    dp: Probe = probe_draft(dv, draft, params, texts, starts, n_vocab, k_max)
+    if hybrid:
+        dp.variant = Variant("draft", f"lookup+{draft.name}", dp.variant.model)
+        dp.lookup = lookup_rows("lookup", texts, starts, params, n_vocab, k_max)
     rows = chances(dp, tp, params)
-    chains = acceptance(dp, tp, params, k_max)
+    chains, by_cat = acceptance_by_category(dp, tp, params, k_max, groups)
     width = target.vocab.n_logits or n_vocab
     w1, wn = (warp_cost_ms(width, n_vocab, params, n) / 1e3 for n in (1, k_max + 1))
     w_row = max(wn - w1, 0.0) / k_max
     step = [x + tp.t_step + w_row * n for n, x in enumerate(tp.t_pass)]
     w_draft = 0.0 if params.greedy or draft is None else w1
-    costs = Costs(step, dp.t_pass[0] + w_draft, dp.t_prefill, run_tokens)
+    costs = Costs(step, dp.t_pass[0] + w_draft, dp.t_prefill, run_tokens, dp.t_feed)
     plain = costs.tps(0.0, 0)
-    table = [{"k": k, "tokens_per_pass": chains.tokens[k - 1],
-              "step_ms": 1e3 * chains.tokens[k - 1] / costs.tps(chains, k),
-              "predicted_speedup": costs.tps(chains, k) / plain} for k in range(1, k_max + 1)]
     k, tps = best(costs, chains, k_max, K_TIE)
+    started, used = None, dp
+    if hybrid:  # the hybrid starts its model only where that pays: else it is its lookup alone
+        alone = Probe(Variant("draft", "lookup", None, {}, "lookup", "prompt"), [0.0], rows=dp.lookup)
+        a_chains, a_cat = acceptance_by_category(alone, tp, params, k_max, groups)
+        a_costs = Costs(step, 0.0)
+        a_k, a_tps = best(a_costs, a_chains, k_max, K_TIE)
+        started = a_tps <= tps
+        if not started:
+            costs, chains, by_cat, used, k, tps = a_costs, a_chains, a_cat, alone, a_k, a_tps
+    table = [{"k": j, "tokens_per_pass": chains.tokens[j - 1],
+              "step_ms": 1e3 * chains.tokens[j - 1] / costs.tps(chains, j),
+              "predicted_speedup": costs.tps(chains, j) / plain} for j in range(1, k_max + 1)]
     reasons = why_list(costs, chains, probe["beta"], k_max, k) if tps <= plain else []
     n_ref = sum(len(t) - s for t, s in zip(texts, starts))
     return {
+        "model_started": started,
         "best_k": k, "predicted_speedup": tps / plain, "alpha": chains.alpha,
         "alpha_profile": _profile(rows, k_max), "c": costs.t_draft / step[0],
         "beta": probe["beta"], "verdict": probe["verdict"],
@@ -93,7 +121,8 @@ def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[s
         "draft_prefill_ms": 1e3 * dp.t_prefill,
         "target_curve_ms": probe["batched_ms"],
         "loop_overhead_ms": [1e3 * (s - t) for s, t in zip(step, tp.t_pass)],
-        "table": table, "reasons": reasons,
+        "table": table, "reasons": reasons, "reference": ref.info(),
+        "by_category": _by_category(costs, by_cat, used, groups, k, k_max, plain),
         # acceptance is teacher-forced on the target's own continuation of each prompt
         "acceptance_run": {"k": None, "prompts": len(texts), "n_tokens": n_ref,
                            "n_drafted": sum(len(r) for r in rows),
@@ -103,3 +132,15 @@ def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[s
         "probe": probe,
         **pair.info(),
     }
+
+
+
+def _by_category(costs: Costs, by_cat: dict, dp: Probe, groups: dict[str, list[int]], k: int, k_max: int,
+                 plain: float) -> dict[str, dict]:
+    """Per category at the best K overall (and the category's own best K): tokens/s, speedup over
+    plain decoding, acceptance and tokens per target pass."""
+    out = category_predictions(costs, by_cat, dp, groups, k, k_max)
+    for c in out.values():
+        c["predicted_speedup"] = c["predicted_tokens_per_second"] / plain
+        c["best_k_speedup"] = c["best_k_tokens_per_second"] / plain
+    return out

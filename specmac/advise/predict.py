@@ -12,7 +12,7 @@ output distribution); speedups are against the fastest plain decoder of that gro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,14 +26,13 @@ from specmac.errors import SpecmacError
 def chances(draft: Probe, target: Probe, params: SamplingParams) -> list[list[list[float]]]:
     """Per text and reference position, the chances that the drafts a step starting there makes
     are each accepted, given the ones before were: a model draft's first, then (teacher forcing:
-    an accepted draft is the reference token, or distributed as it) the next position's first; an
-    n-gram lookup's proposals one by one (greedy: is it the target's argmax; sampled: p(token))."""
+    an accepted draft is the reference token, or distributed as it) the next position's first; a
+    model-free lookup's proposals one by one (greedy: is it the target's argmax; sampled: p(token));
+    a hybrid's, the lookup's where it proposes and the model's elsewhere (``model_steps``)."""
+    if draft.variant.model_free:
+        return [_lookup_chances(q, p, params) for q, p in zip(draft.rows, target.rows)]
     out = []
     for q, p in zip(draft.rows, target.rows):
-        if draft.variant.backend == "ngram":
-            out.append([[float(t == p[i + j]) if params.greedy else float(p[i + j][t])
-                         for j, t in enumerate(prop[: len(p) - i])] for i, prop in enumerate(q)])
-            continue
         if params.greedy:
             a = (q == p).astype(float)
         elif getattr(params, "sampler", "rejection") == "coupled":  # the coupled sampler's race
@@ -41,7 +40,23 @@ def chances(draft: Probe, target: Probe, params: SamplingParams) -> list[list[li
         else:
             a = np.minimum(p, q).sum(axis=-1)
         out.append([list(a[i:]) for i in range(len(a))])
+    if draft.lookup is not None:  # a hybrid: where the lookup proposes, its drafts are the step's
+        out = [[lc if prop else mc for prop, lc, mc in zip(props, _lookup_chances(props, p, params), text)]
+               for props, p, text in zip(draft.lookup, target.rows, out)]
     return out
+
+
+def _lookup_chances(proposals: list, p, params: SamplingParams) -> list[list[float]]:
+    return [[float(t == p[i + j]) if params.greedy else float(p[i + j][t])
+             for j, t in enumerate(prop[: len(p) - i])] for i, prop in enumerate(proposals)]
+
+
+def model_steps(draft: Probe) -> bool | list[list[bool]]:
+    """Which steps the draft model makes: all (a model draft), none (a lookup), or per text and
+    position where the lookup has nothing (a hybrid)."""
+    if draft.lookup is not None:
+        return [[not prop for prop in props] for props in draft.lookup]
+    return not draft.variant.model_free
 
 
 def coupled_rate(p: np.ndarray, q: np.ndarray, top: int = 64) -> float:
@@ -73,21 +88,25 @@ class Chains:
     tokens: list[float]
     passes: list[float]
     width: list[list[float]]
+    # a hybrid: tokens per step its model is fed before it drafts (what lookup steps wrote since)
+    catch_up: list[float] = field(default_factory=list)
 
     @classmethod
-    def of(cls, chances: list[list[list[float]]], k_max: int, model: bool) -> Chains:
+    def of(cls, chances: list[list[list[float]]], k_max: int, model: bool | list[list[bool]]) -> Chains:
         """``chances[text][i]``: for a step starting at position i, the chance of each of its
         drafts being accepted given the ones before were (a model draft: one per position to the
-        text's end; an n-gram lookup: one per token it found)."""
-        texts = [t for t in chances if t]
-        if not texts:
+        text's end; an n-gram lookup: one per token it found). ``model``: whether the steps are a
+        draft model's, for all, or per text and position (a hybrid)."""
+        flags = [[model] * len(t) for t in chances] if isinstance(model, bool) else model
+        kept_texts = [(t, f) for t, f in zip(chances, flags) if t]
+        if not kept_texts:
             raise SpecmacError("no reference position to measure acceptance on: give longer prompts")
-        alpha = float(np.mean([c[0] if c else 0.0 for t in texts for c in t]))
-        tokens, passes, width = [], [], []
+        alpha = float(np.mean([c[0] if c else 0.0 for t, _ in kept_texts for c in t]))
+        tokens, passes, width, catch_up = [], [], [], []
         for k in range(1, k_max + 1):
-            steps = kept = drafted = full = 0.0
+            steps = kept = drafted = full = fed = 0.0
             w = np.zeros(k_max + 1)
-            for text in texts:
+            for text, by_model in kept_texts:
                 n = len(text)
                 mass = np.zeros(n + 1)  # the chance that a step starts at each position
                 mass[0] = 1.0
@@ -97,23 +116,38 @@ class Chains:
                         continue
                     c = np.asarray(text[i][: min(k, n - i - 1)], float)  # drafts: none past the end
                     run = np.cumprod(c)  # P(the first j drafts all kept), j = 1..d
-                    d = min(k, n - i - 1) if model else len(c)
+                    step_model = by_model[i]
+                    d = min(k, n - i - 1) if step_model else len(c)
                     steps += m
                     kept += m * (1.0 + run.sum())
-                    drafted += m * d
-                    full += m * run[-1] if model and d == k else 0.0
+                    if step_model:
+                        drafted += m * d
+                        full += m * run[-1] if d == k else 0.0
+                    elif not isinstance(model, bool):  # a hybrid's lookup step: its model catches up later
+                        fed += m * (1.0 + run.sum())
                     w[d] += m
                     stop = np.concatenate([[1.0], run]) * np.concatenate([1.0 - c, [1.0]])  # P(j kept)
                     mass[i + 1: i + 2 + len(c)] += m * stop
             tokens.append(kept / steps)
-            passes.append((drafted + full) / steps if model else 0.0)
+            passes.append((drafted + full) / steps)
             width.append(list(w / steps))
-        return cls(alpha, tokens, passes, width)
+            catch_up.append(fed / steps if drafted else 0.0)
+        return cls(alpha, tokens, passes, width, catch_up)
 
 
 def acceptance(draft: Probe, target: Probe, params: SamplingParams, k_max: int) -> Chains:
     """The chains of the reference text for this draft in front of this target."""
-    return Chains.of(chances(draft, target, params), k_max, draft.variant.backend != "ngram")
+    return Chains.of(chances(draft, target, params), k_max, model_steps(draft))
+
+
+def acceptance_by_category(draft: Probe, target: Probe, params: SamplingParams, k_max: int,
+                           groups: dict[str, list[int]]) -> tuple[Chains, dict[str, Chains]]:
+    """The chains of the whole reference text and of each category's texts (``groups``: category
+    -> text indices), from one computation of the chances."""
+    ch, steps = chances(draft, target, params), model_steps(draft)
+    pick = (lambda ix: steps) if isinstance(steps, bool) else (lambda ix: [steps[i] for i in ix])
+    by = {c: Chains.of([ch[i] for i in ix], k_max, pick(ix)) for c, ix in groups.items()}
+    return Chains.of(ch, k_max, steps), by
 
 
 @dataclass
@@ -126,6 +160,7 @@ class Costs:
     t_draft: float
     t_prefill: float = 0.0
     run_tokens: int = 0
+    t_feed: float = 0.0  # a hybrid: seconds per token its model is fed in a batched catch-up pass
 
     def tps(self, alpha: float | Chains, k: int, steady: bool = False) -> float:
         """Predicted tokens/s at K = k (k = 0: plain decoding) over a run of ``run_tokens`` tokens
@@ -135,12 +170,14 @@ class Costs:
             return 1.0 / self.step[0]
         if isinstance(alpha, Chains):
             verify = sum(share * self.step[n] for n, share in enumerate(alpha.width[k - 1]) if share)
-            tps = alpha.tokens[k - 1] / (alpha.passes[k - 1] * self.t_draft + verify)
+            feed = alpha.catch_up[k - 1] * self.t_feed if alpha.catch_up else 0.0
+            tps = alpha.tokens[k - 1] / (alpha.passes[k - 1] * self.t_draft + verify + feed)
         else:
             drafting = draft_passes(alpha, k, catch_up=True) * self.t_draft
             tps = expected_tokens(alpha, k) / (drafting + self.step[k])
-        if steady or not self.run_tokens or not self.t_prefill:
-            return tps
+        if steady or not self.run_tokens or not self.t_prefill or (isinstance(alpha, Chains)
+                                                                   and not alpha.passes[k - 1]):
+            return tps  # (a hybrid whose model never drafts never prefills)
         return self.run_tokens / (self.t_prefill + self.run_tokens / tps)
 
     def tokens_to_pay(self, alpha: float | Chains, k: int) -> float | None:
@@ -204,10 +241,14 @@ def why(costs: Costs, chains: Chains, beta: float, k_max: int, k: int) -> str:
 
 
 def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, int], Chains], k_max: int,
-            w_row: float, w_draft: float, run_tokens: int = 0) -> list[dict]:
+            w_row: float, w_draft: float, run_tokens: int = 0,
+            by_category: dict[tuple[int, int], dict[str, Chains]] | None = None,
+            groups: dict[str, list[int]] | None = None) -> list[dict]:
     """Every configuration at its best K, ranked by predicted tokens/s over a run of ``run_tokens``
     tokens (the draft's prefill of the prompt included; 0: steady state) within precision groups,
-    groups in the order of their best configuration."""
+    groups in the order of their best configuration. With ``by_category`` (the chains of each
+    category's texts, ``groups``: category -> text indices) each entry also holds the prediction
+    per category at its K (and the category's own best K)."""
     entries = []
     for ti, t in enumerate(targets):
         step = [x + t.t_step + w_row * n for n, x in enumerate(t.t_pass)]
@@ -215,28 +256,57 @@ def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, i
         _, beta = fit_beta(n, t.t_pass)
         base = Costs(step, 0.0)
         entries.append(_entry(None, t, 0, base.tps(0.0, 0), None, beta, None))
+        if by_category is not None:
+            entries[-1]["by_category"] = {c: {"k": 0, "predicted_tokens_per_second": base.tps(0.0, 0),
+                                              "alpha": None, "tokens_per_pass": 1.0, "best_k": 0,
+                                              "best_k_tokens_per_second": base.tps(0.0, 0)}
+                                          for c in (groups or {})}
         for di, d in enumerate(drafts):
             if (di, ti) not in alphas:
                 continue
-            chains = alphas[di, ti]
-            costs = Costs(step, d.t_pass[0] + (w_draft if d.variant.backend != "ngram" else 0.0),
-                          d.t_prefill, run_tokens)
-            k, tps = best(costs, chains, k_max, K_TIE)
+            costs = Costs(step, d.t_pass[0] + (w_draft if not d.variant.model_free else 0.0),
+                          d.t_prefill, run_tokens, d.t_feed)
+            # a hybrid starts its model only where that pays: else it is its lookup alone
+            options = [(costs, di)] + [(Costs(step, 0.0), li) for li, a in enumerate(drafts)
+                                       if a is d.alone and (li, ti) in alphas]
+            (costs, ci), k, tps = max(((o, *best(o[0], alphas[o[1], ti], k_max, K_TIE)) for o in options),
+                                      key=lambda x: x[2])
+            chains = alphas[ci, ti]
             reason = why(costs, chains, beta, k_max, k) if tps <= base.tps(0.0, 0) else None
             entries.append(_entry(d, t, k, tps, chains.alpha, beta, costs.t_draft / step[0], reason))
             entries[-1]["by_k"] = [costs.tps(chains, j) for j in range(1, k_max + 1)]  # K = 1..k_max
             entries[-1]["tokens_per_pass"] = chains.tokens[k - 1]
             entries[-1]["draft_prefill_ms"] = 1e3 * d.t_prefill
-    groups: dict[str, list[dict]] = {}
+            if d.variant.hybrid:
+                entries[-1]["model_started"] = ci == di
+                if ci != di and reason is None:
+                    reason = entries[-1]["reason"] = "its model does not pay here: it runs as lookup alone"
+            if by_category is not None:
+                per = []
+                for o, i in options:  # a hybrid: per category, whichever of its options is faster
+                    per.append(category_predictions(o, by_category[i, ti], drafts[i], groups or {}, k, k_max))
+                    if d.variant.hybrid:
+                        for c in per[-1].values():
+                            c["model_started"] = i == di
+                entries[-1]["by_category"] = {c: max((p[c] for p in per),
+                                                     key=lambda x: x["predicted_tokens_per_second"])
+                                              for c in (groups or {})}
+    groups_: dict[str, list[dict]] = {}
     for e in entries:
-        groups.setdefault(e["group"], []).append(e)
+        groups_.setdefault(e["group"], []).append(e)
     out = []
-    for group in sorted(groups, key=lambda g: -max(e["predicted_tokens_per_second"] for e in groups[g])):
-        rows = sorted(groups[group], key=lambda e: -e["predicted_tokens_per_second"])
+    for group in sorted(groups_, key=lambda g: -max(e["predicted_tokens_per_second"] for e in groups_[g])):
+        # a hybrid that runs as its lookup alone ranks after the lookup it equals
+        rows = sorted(groups_[group], key=lambda e: (-e["predicted_tokens_per_second"],
+                                                     e.get("model_started") is False))
         plain = max((e for e in rows if e["k"] == 0), key=lambda e: e["predicted_tokens_per_second"])
         for e in rows:
             e["predicted_speedup"] = e["predicted_tokens_per_second"] / plain["predicted_tokens_per_second"]
             e["baseline"] = f"plain {plain['target_label']}"
+            for cat in e.get("by_category", {}).values():  # plain decoding costs alike on every text
+                for key in ("predicted", "best_k"):
+                    cat[f"{key}_speedup"] = (cat[f"{key}_tokens_per_second"]
+                                             / plain["predicted_tokens_per_second"])
             if e is not rows[0] and e["reason"] is None:
                 e["reason"] = (f"slower than {_name(rows[0])}" if e["k"] else
                                f"plain {e['target_label']} decodes slower than {_name(plain)}"
@@ -244,6 +314,22 @@ def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, i
             out.append(e)
     for i, e in enumerate(out, 1):
         e["rank"] = i
+    return out
+
+
+def category_predictions(costs: Costs, chains: dict[str, Chains], d: Probe, groups: dict[str, list[int]],
+                         k: int, k_max: int) -> dict[str, dict]:
+    """Per category, the prediction at K = k with that category's chains and its draft's prefill
+    of its prompts (the mean of theirs), and the category's own best K."""
+    out = {}
+    for c, ix in groups.items():
+        prefill = float(np.mean([d.prefills[i] for i in ix])) if d.prefills else costs.t_prefill
+        mine = Costs(costs.step, costs.t_draft, prefill, costs.run_tokens, costs.t_feed)
+        ch = chains[c]
+        best_k, _ = best(mine, ch, k_max, K_TIE)
+        out[c] = {"k": k, "predicted_tokens_per_second": mine.tps(ch, k), "alpha": ch.alpha,
+                  "tokens_per_pass": ch.tokens[k - 1], "best_k": best_k,
+                  "best_k_tokens_per_second": mine.tps(ch, best_k)}
     return out
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specmac.backends import backend_class
+from specmac.core.drafters import HYBRID, MODEL_FREE
 from specmac.errors import BadOption, SpecmacError
 from specmac.files import read_capped, write_json
 
@@ -50,6 +51,13 @@ def _as_given(backend: str, model: str | None) -> bool:
         return False
 
 
+def _kind(draft: str) -> str:
+    """none, lookup (ngram, lookup: no model), hybrid (lookup+BACKEND) or model."""
+    if draft in ("none", *MODEL_FREE):
+        return "none" if draft == "none" else "lookup"
+    return "hybrid" if HYBRID in draft else "model"
+
+
 def build_profile(record: dict) -> dict:
     """The profile of a ranking record (``rank_configurations`` with ``provenance`` added)."""
     groups: dict[str, dict] = {}
@@ -60,7 +68,7 @@ def build_profile(record: dict) -> dict:
             draft = {"kind": "none", "backend": "none", "model": None, "options": {}, "precision": None}
         else:
             d = _side(record["drafts"], e["draft"], e["draft_dtype"], e["draft_model"], "draft")
-            draft = {"kind": "lookup" if e["draft"] == "ngram" else "model", **d}
+            draft = {"kind": _kind(e["draft"]), **d}
         g = groups.setdefault(e["group"], {"group": e["group"], "precision": target["precision"],
                                            "source": target["source"],
                                            "as_given": _as_given(e["target"], e["target_model"]),
@@ -179,7 +187,8 @@ def load_kwargs(config: dict) -> dict:
     t, d = config["target"], config["draft"]
     return {"target": t["backend"], "target_model": t.get("model"),
             "target_options": dict(t.get("options", {})),
-            "draft": {"none": "none", "lookup": "ngram"}.get(d.get("kind"), d["backend"]),
+            # a lookup's or a hybrid's backend is its drafter's name (ngram, lookup, lookup+gguf)
+            "draft": "none" if d.get("kind") == "none" else d["backend"],
             "draft_model": d.get("model"), "draft_options": dict(d.get("options", {}))}
 
 
@@ -191,7 +200,8 @@ def describe(prof: dict, group: dict, config: dict, path: str | Path, why: str) 
     if k == 0 or d.get("kind") == "none":
         what = f"plain {target}"
     else:
-        src = "ngram lookup" if d.get("kind") == "lookup" else f"{d['backend']} {d.get('precision') or ''}"
+        src = ({"ngram": "ngram lookup", "lookup": "prompt lookup"}.get(d["backend"], d["backend"])
+               if d.get("kind") == "lookup" else f"{d['backend']} {d.get('precision') or ''}")
         what = f"{src.strip()} draft \u2192 {target}, K {k}"
     sp = config.get("predicted_speedup")
     temp = (prof.get("sampling") or {}).get("temperature")

@@ -33,9 +33,10 @@ plain decoder of that group, so a 3x speedup over a slow decoder is not mistaken
 import time
 from collections.abc import Callable, Sequence
 
-from specmac.advise.measure import probe_draft, probe_target, reference_texts, warp_cost_ms
-from specmac.advise.predict import acceptance, ranking
+from specmac.advise.measure import Probe, lookup_rows, probe_draft, probe_target, warp_cost_ms
+from specmac.advise.predict import acceptance_by_category, ranking
 from specmac.advise.variants import Variant, model_backends, variants
+from specmac.advise.workload import has_chat_template, reference
 from specmac.backends import backend_class, load_backend
 from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption, SpecmacError
@@ -44,15 +45,20 @@ from specmac.vocab import check_compatible
 
 def rank_configurations(draft_models: Sequence[str | None] = (None,),
                         target_models: Sequence[str | None] = (None,), *,
-                        params: SamplingParams, prompts: Sequence[str], backends: Sequence[str] | None = None,
+                        params: SamplingParams, prompts: Sequence[str | dict],
+                        backends: Sequence[str] | None = None,
                         draft_backends: Sequence[str] | None = None, drafts: Sequence[str] | None = None,
+                        hybrids: bool = True, chat: bool | None = False,
                         k_max: int = 8, run_tokens: int = 48,
                         seed: int = 0, target_options: dict | None = None, draft_options: dict | None = None,
                         progress: Callable[[str], None] | None = None) -> dict:
     """Probe every variant once, predict every configuration, rank. ``backends`` limits the
     backends tried (default: every installed model backend); ``drafts`` adds model-free drafters
-    ("ngram", the default); ``draft_backends`` are the drafts' backends (default ``backends``); ``*_options``
-    go to every variant of that role (e.g. n_threads)."""
+    ("ngram" and "lookup", the default); ``hybrids``: each model draft also as the hybrid
+    lookup+BACKEND; ``draft_backends`` are the drafts' backends (default ``backends``); ``*_options``
+    go to every variant of that role (e.g. n_threads). ``prompts``: strings or workload prompts
+    (with categories: every entry is also predicted per category); ``chat``: through the target's
+    chat template (True), not (False), or where the target has one (None)."""
     if not 1 <= k_max <= 16:
         raise BadOption(f"k_max {k_max} is out of range: use 1..16", param="k_max")
     if not prompts:
@@ -65,39 +71,56 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
     tv = sorted(variants(target_models, "target", names),
                 key=lambda v: not backend_class(v.backend).fast_plain)
     draft_names = model_backends(draft_backends) if draft_backends else names
+    free = ("ngram", "lookup") if drafts is None else drafts
     dv = variants(draft_models, "draft", draft_names) + [Variant("draft", d, None, {}, "lookup", "prompt")
-                                                         for d in (("ngram",) if drafts is None else drafts)]
+                                                         for d in free]
     for vs, extra in ((tv, target_options), (dv, draft_options)):
         for v in vs:
-            if extra and v.backend != "ngram":
+            if extra and not v.model_free:
                 v.options = {**v.options, **extra}
     if not tv:
         raise BadOption("no installed backend can run the target models: install one "
                         "(pip install 'specmac[all]') or give other files", param="target_models")
-    targets, skipped, texts, starts, vocab = [], [], None, None, None
+    targets, skipped, ref, vocab = [], [], None, None
     for v in tv:
         say(f"target {v.label} ({v.source})")
         t1 = time.perf_counter()
         try:
             backend = load_backend(v.backend, v.model, v.options, role="target")
-            if texts is None:  # the first target that writes one gives the reference text
-                texts, starts = reference_texts(backend, prompts, params, run_tokens, seed)
-                vocab = backend.vocab
+            if chat and not has_chat_template(backend):
+                raise SpecmacError(f"chat: target {v.label} ({v.source}) has no chat template: give the "
+                                   "prompts without it, or a model that has one", param="chat")
+            if ref is None:  # the first target that writes one gives the reference text
+                ref = reference(backend, prompts, params, run_tokens, seed, chat)
+                texts, starts, vocab = ref.texts, ref.starts, backend.vocab
             check_compatible(backend.vocab, vocab)
             targets.append(probe_target(v, backend, k_max, params, texts, starts, vocab.size))
             targets[-1].seconds = time.perf_counter() - t1
         except SpecmacError as e:
+            if e.param == "chat":  # asked of every target, not a reason to skip one
+                raise
             skipped.append({**v.to_dict(), "role": "target", "reason": str(e)})
         finally:
             backend = None
     if not targets:
         raise SpecmacError("no target variant could be probed: " + "; ".join(s["reason"] for s in skipped))
-    probed, alphas = [], {}
+    groups = ref.groups()
+    probed, alphas, by_cat = [], {}, {}
+    # a hybrid drafts from LookupDrafter where it proposes and from its model elsewhere
+    looked = (lookup_rows("lookup", texts, starts, params, vocab.size, k_max)
+              if hybrids and any(not v.model_free for v in dv) else None)
+
+    def add(p: Probe) -> None:
+        for ti, t in enumerate(targets):
+            key = len(probed), ti
+            alphas[key], by_cat[key] = acceptance_by_category(p, t, params, k_max, groups)
+        probed.append(p)
+
     for v in dv:
         say(f"draft {v.label} ({v.source})")
         t1 = time.perf_counter()
         try:
-            backend = None if v.backend == "ngram" else load_backend(v.backend, v.model, v.options,
+            backend = None if v.model_free else load_backend(v.backend, v.model, v.options,
                                                                      role="draft")
             if backend is not None:
                 check_compatible(backend.vocab, vocab)
@@ -108,14 +131,20 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
             continue
         finally:
             backend = None
-        for ti, t in enumerate(targets):
-            alphas[len(probed), ti] = acceptance(p, t, params, k_max)
-        p.rows = []  # the acceptances are all this draft's logits were for
-        probed.append(p)
+        add(p)
+        if looked is not None and not v.model_free:
+            hv = Variant("draft", f"lookup+{v.backend}", v.model, v.options, v.precision, v.source)
+            add(Probe(hv, p.t_pass, 0.0, p.rows, t_prefill=p.t_prefill, prefills=p.prefills, t_feed=p.t_feed,
+                      lookup=looked, seconds=p.seconds))
+        p.rows = probed[-1].rows = []  # the acceptances are all this draft's logits were for
+    for h in probed:  # the hybrid's lookup is LookupDrafter: what it is where its model does not pay
+        if h.variant.hybrid:
+            h.alone = next((p for p in probed if p.variant.backend == "lookup"), None)
     width = vocab.n_logits or vocab.size
     w1, wn = (warp_cost_ms(width, vocab.size, params, n) / 1e3 for n in (1, k_max + 1))
     w_row = max(wn - w1, 0.0) / k_max
-    rows = ranking(targets, probed, alphas, k_max, w_row, 0.0 if params.greedy else w1, run_tokens)
+    rows = ranking(targets, probed, alphas, k_max, w_row, 0.0 if params.greedy else w1, run_tokens,
+                   by_cat, groups)
     return {
         "ranking": rows,
         "targets": [{**t.variant.to_dict(), "t_pass_ms": [1e3 * x for x in t.t_pass],
@@ -127,7 +156,11 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
                         "target": targets[ti].variant.label, "target_source": targets[ti].variant.source,
                         "alpha": a.alpha, "tokens_per_pass": a.tokens} for (di, ti), a in alphas.items()],
         "skipped": skipped,
-        "reference": {"prompts": len(texts), "tokens": sum(len(t) - s for t, s in zip(texts, starts)),
-                      "written_by": targets[0].variant.label},
+        "reference": {**ref.info(), "written_by": targets[0].variant.label},
+        "hybrid": "predicted from the measured acceptances, not run: per step the lookup's drafts where it "
+                  "proposes, the model's elsewhere, the model fed what lookup steps wrote (a batched pass at "
+                  "its prefill's rate per token) and its prefill of the prompt paid; where that is slower "
+                  "than the lookup alone, it is the lookup alone (the hybrid starts its model only where it "
+                  "pays)",
         "k_max": k_max, "sampling": params.to_dict(), "seconds": time.perf_counter() - t0,
     }

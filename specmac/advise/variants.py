@@ -13,6 +13,7 @@ from pathlib import Path
 
 from specmac.backends import backend_class, missing_requirements, registry
 from specmac.backends.conversion.cache import derived_from
+from specmac.core.drafters import HYBRID, MODEL_FREE
 from specmac.errors import BadOption
 
 
@@ -21,15 +22,23 @@ class Variant:
     """One model in one backend and precision, as a draft or a target."""
 
     role: str
-    backend: str  # a registered backend, or "ngram"
+    backend: str  # a registered backend, a model-free drafter ("ngram", "lookup") or "lookup+BACKEND"
     model: str | None  # a path, or None for the embedded pair
     options: dict = field(default_factory=dict)
     precision: str = ""  # "Q4_K_M", "F16", "float32", ...
     source: str = ""  # the weights: file or folder name
 
     @property
+    def model_free(self) -> bool:
+        return self.backend in MODEL_FREE
+
+    @property
+    def hybrid(self) -> bool:
+        return HYBRID in self.backend
+
+    @property
     def label(self) -> str:
-        return self.backend if self.backend == "ngram" else f"{self.backend} {self.precision}"
+        return self.backend if self.model_free else f"{self.backend} {self.precision}"
 
     @property
     def group(self) -> str:
@@ -71,9 +80,9 @@ def model_backends(only: Sequence[str] | None = None) -> list[str]:
     """The installed model backends (synthetic only when asked for by name)."""
     names = [n for n in registry() if not missing_requirements(n)]
     if only:
-        unknown = sorted(set(only) - set(names) - {"ngram"})
+        unknown = sorted(set(only) - set(names) - set(MODEL_FREE))
         if unknown:
             raise BadOption(f"backends {', '.join(unknown)}: not installed or unknown; choose from "
                             f"{', '.join(n for n in names)}", param="backends")
-        return [n for n in only if n != "ngram"]
+        return [n for n in only if n not in MODEL_FREE]
     return [n for n in names if n != "synthetic"]

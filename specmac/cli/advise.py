@@ -50,8 +50,19 @@ One pairing:
 @click.option("--k-max", type=int, default=None, help="Ranking: largest K considered [default: 8].")
 @sampling_options
 @click.option("--prompt", "prompts", multiple=True,
-              help="A text to measure acceptance on; repeat for several (default: four of the "
-                   "packaged prompts, code and prose).")
+              help="A text to measure acceptance on; repeat for several (default: the packaged workload "
+                   "specmac:workload, prompts by category).")
+@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Prompts as compare reads them: a .jsonl workload (Spec-Bench's shape: question_id, "
+                   "category, turns), a .json list, or text with '---' lines between prompts; "
+                   "specmac:workload is the packaged one. A workload's categories are each predicted.")
+@click.option("--turns", type=click.Choice(["first", "all"]), default="first", show_default=True,
+              help="Of a .jsonl workload's turns: the first user turn, or the whole conversation.")
+@click.option("--chat/--no-chat", default=None,
+              help="Apply the target's chat template to the prompts [default: with the packaged workload, "
+                   "where the target has one; else no].")
+@click.option("--by-category", is_flag=True,
+              help="Ranking: the per-category table of every configuration (default: the top ones).")
 @click.option("--run-tokens", type=int, default=48, show_default=True,
               help="Tokens generated per prompt to measure acceptance (ranking: its predictions are for "
               "runs this long, after a prompt like these: the draft's prefill of it counted once, the "
@@ -65,12 +76,13 @@ One pairing:
 @click.option("--save", type=click.Path(dir_okay=False), metavar="FILE",
               help="Ranking: write a profile (the ranked configurations of each precision group, ready "
                    "to load) for `specmac serve --profile FILE`.")
-def advise(target_models, draft_models, backends_text, k_max, prompts, run_tokens, context, repeats,
-           as_json, plot, out, save, **kw):
+def advise(target_models, draft_models, backends_text, k_max, prompts, prompts_path, turns, chat, by_category,
+           run_tokens, context, repeats, as_json, plot, out, save, **kw):
+    from specmac.cli.advise_workload import advise_prompts
     from specmac.cli.app import sampling_params
 
     ranking = kw["draft"] is None or kw["draft"] == "none"
-    _check_mode(ranking, {"--k-max": k_max, "--save": save},
+    _check_mode(ranking, {"--k-max": k_max, "--save": save, "--by-category": by_category or None},
                 {"--plot": plot, "--context": context, "--repeats": repeats})
     k_max, context, repeats = k_max or 8, context or 128, repeats or 3
     if run_tokens < 2 or repeats < 1 or context < 1 or k_max < 1:
@@ -81,10 +93,11 @@ def advise(target_models, draft_models, backends_text, k_max, prompts, run_token
             raise UserError(f"{flag} {twice[0]} is given twice: give each model once")
     backends = _backend_list(backends_text)
     params = sampling_params(kw)
+    prompts, kw["chat"], kw["prompts_info"] = advise_prompts(prompts, prompts_path, turns, chat)
     with owned_outputs(out, plot), _saved_file(save, out):
         if ranking:
             _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, params, kw, as_json,
-                  out, save)
+                  out, save, by_category)
             return
         for flag, given in (("--target-model", target_models), ("--draft-model", draft_models)):
             if len(given) > 1:
@@ -131,36 +144,39 @@ def _backend_list(text: str | None) -> list[str] | None:
 
 
 def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, params, kw, as_json,
-          out, save) -> None:
+          out, save, by_category=False) -> None:
     from specmac.advise.rank import rank_configurations
     from specmac.compare.results import provenance
-    from specmac.core.prompts import advise_prompts
 
     if kw["target"]:
         backends = [kw["target"]] if backends is None else backends
     record = under_load(lambda: rank_configurations(
         list(draft_models) or [None], list(target_models) or [None], params=params,
-        prompts=list(prompts) or advise_prompts(), backends=backends, k_max=k_max, run_tokens=run_tokens,
+        prompts=prompts, backends=backends, chat=kw["chat"], k_max=k_max, run_tokens=run_tokens,
         seed=kw["seed"], target_options=parse_kv(kw["target_opt"], "--target-opt"),
         draft_options=parse_kv(kw["draft_opt"], "--draft-opt"),
         progress=None if as_json else lambda m: click.echo(f"probing {m}", err=True)))
+    record["prompts"] = kw["prompts_info"]
     record["provenance"] = provenance(" ".join(sys.argv), [*draft_models, *target_models])
     if save:
         from specmac.advise.profile import save_profile
 
         save_profile(save, record)
-    report_record(record, out, None, as_json, _print_ranking)
+    report_record(record, out, None, as_json, lambda r: _print_ranking(r, by_category))
     if save and not as_json:
         click.echo(f"\nprofile written to {save}: specmac serve --profile {save} [--precision GROUP]",
                    err=True)
 
 
-def _print_ranking(r: dict) -> None:
+def _print_ranking(r: dict, by_category: bool = False) -> None:
+    from specmac.cli.advise_workload import print_ranking_categories, prompts_line
+
     s = r["sampling"]
     how = "greedy" if s["temperature"] == 0 else f"T = {s['temperature']}"
     click.echo(f"{len(r['ranking'])} configurations of {len(r['targets'])} target and {len(r['drafts'])} "
                f"draft variants, measured in {r['seconds']:.0f} s ({how}; acceptance on "
                f"{r['reference']['tokens']} tokens of {r['reference']['prompts']} prompts)")
+    click.echo(prompts_line(r))
     click.echo("Each group is one output distribution (the same weights in the same precision); speedup "
                "is over the group's fastest plain decoder.")
     names = [f"{e['draft_label']} \u2192 {e['target_label']}, K = {e['k']}" if e["k"]
@@ -174,6 +190,8 @@ def _print_ranking(r: dict) -> None:
         alpha = f"  \u03b1 {e['alpha']:.2f}" if e["alpha"] is not None else ""
         click.echo(f"{e['rank']:>4}  {name:<{width}} {e['predicted_tokens_per_second']:>9.1f} tok/s "
                    f"{e['predicted_speedup']:>6.2f}x{alpha}" + (f"  {e['reason']}" if e["reason"] else ""))
+    print_ranking_categories(r, by_category)
+    click.echo(f"\nlookup+MODEL (the hybrid) is {r['hybrid']}.")
     for sk in r["skipped"]:
         click.echo(f"skipped {sk['role']} {sk['backend']} {sk['precision']}: {sk['reason']}", err=True)
 
@@ -184,9 +202,10 @@ def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plo
     from specmac.compare.results import model_files, plot_speedup, provenance
 
     pair = load_pair(kw)
-    record = under_load(lambda: advise_pair(pair, params=params, prompts=list(prompts) or None,
-                                            run_tokens=run_tokens, context=context, repeats=repeats,
-                                            seed=kw["seed"]))
+    record = under_load(lambda: advise_pair(pair, params=params, prompts=prompts, run_tokens=run_tokens,
+                                            context=context, repeats=repeats, seed=kw["seed"],
+                                            chat=kw["chat"]))
+    record["prompts"] = kw["prompts_info"]
     models = model_files(pair.target, kw["target_model"], "target")
     if pair.drafter.backend is not None:
         models += model_files(pair.drafter.backend, kw["draft_model"], "draft")
@@ -197,6 +216,9 @@ def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plo
 
 
 def _print_advise(r: dict) -> None:
+    from specmac.cli.advise_workload import print_pair_categories, prompts_line
+
+    click.echo(prompts_line(r))
     click.echo(f"draft T(1) {r['t_draft_ms']:.2f} ms, target T(1) {r['t_target_ms']:.2f} ms, "
                f"c = {r['c']:.2f}; target \u03b2 = {r['beta']:.2f} ({r['verdict']}); "
                f"acceptance \u03b1 = {r['alpha']:.2f} over {r['acceptance_run']['n_tokens']} tokens "
@@ -210,3 +232,7 @@ def _print_advise(r: dict) -> None:
                    + "; ".join(r["reasons"]))
     else:
         click.echo(f"best K = {r['best_k']}: predicted speedup {r['predicted_speedup']:.2f}x")
+    if r.get("model_started") is False:
+        click.echo("the hybrid's model does not pay here (its prefill and passes): predicted as its lookup "
+                   "alone")
+    print_pair_categories(r)
