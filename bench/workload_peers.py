@@ -82,6 +82,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("results/workload_peers"))
+    ap.add_argument("--no-chat", action="store_true", help="the prompts' text without a chat template")
     args = ap.parse_args()
     target = args.target_model or str(args.models_dir / QWEN_15B_GGUF)
     draft = str(args.models_dir / QWEN_05B_GGUF)
@@ -94,7 +95,8 @@ def main() -> None:
             seen[p["category"]] = seen.get(p["category"], 0) + 1
             prompts.append(p)
     configs, tb = configurations(args, target, draft, topts)
-    texts = {p["id"]: tb.apply_chat_template(p.get("messages") or p["text"]) for p in prompts}
+    texts = {p["id"]: p["text"] if args.no_chat else tb.apply_chat_template(p.get("messages") or p["text"])
+             for p in prompts}
     runs = []
     for rnd in range(-1, args.rounds):  # -1: the warm-up round, discarded
         for p in prompts:
