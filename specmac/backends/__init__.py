@@ -146,6 +146,7 @@ class BaseBackend:
     converted_formats: ClassVar[tuple[str, ...]] = ()
     # plain decoding is usually the fastest here: advise lets such a backend write its reference text
     fast_plain: ClassVar[bool] = False
+    _threads: Any = None  # a threads.Fitter where the CPU thread count is fitted to the load
 
     @property
     def n_past(self) -> int:
@@ -206,15 +207,15 @@ class BaseBackend:
         """Backends that return numpy arrays have already synchronised; nothing to wait for."""
 
     def fit_threads(self) -> str | None:
-        """Before a run: fit the CPU thread count to the CPUs other work leaves free (backends whose
-        count the user did not set; see backends/threads.py). -> what was chosen and why, or None
-        where this backend has no thread count to fit."""
-        return None
+        """Before a run: fit the CPU thread count to the CPUs other work leaves free (a backend
+        whose count the user did not set sets ``_threads``, a threads.Fitter, and times its passes
+        with it). -> what was chosen and why, or None where there is no count to fit."""
+        return self._threads.start() if self._threads else None
 
     @property
     def threads_note(self) -> str | None:
         """The thread count now and why (a fit during a run included); None: not fitted."""
-        return None
+        return self._threads.why if self._threads else None
 
     @classmethod
     def devices(cls) -> list[str]:

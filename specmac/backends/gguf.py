@@ -177,14 +177,6 @@ class GGUFBackend(BaseBackend):
         finally:
             llama_cpp.llama_model_free(model_p)
 
-    def fit_threads(self) -> str | None:
-        """The default thread count, or fewer while other work holds CPUs (llama_set_n_threads)."""
-        return self._threads.start() if self._threads else None
-
-    @property
-    def threads_note(self) -> str | None:
-        return self._threads.why if self._threads else None
-
     def _set_threads(self, n: int) -> None:
         llama_cpp.llama_set_n_threads(self._ctx, n, n)
         self.resolved["n_threads"] = self.resolved["n_threads_batch"] = n

@@ -88,14 +88,6 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
         if converted:  # a GGUF file: say which folder was loaded and what it was made from
             self.resolved |= {"path": folder, "source_sha256": converted["source_sha256"]}
 
-    def fit_threads(self) -> str | None:
-        """torch's default thread count, or fewer while other work holds CPUs (process-wide)."""
-        return self._threads.start() if self._threads else None
-
-    @property
-    def threads_note(self) -> str | None:
-        return self._threads.why if self._threads else None
-
     def _set_threads(self, n: int) -> None:
         torch.set_num_threads(n)
         self.resolved["n_threads"] = n
