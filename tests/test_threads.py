@@ -29,17 +29,13 @@ def test_others_running_is_the_least_sample_less_the_sampler():
     assert cpu_threads.others_running(read=reader(5), own=lambda: 3, gap_s=0) == 2
 
 
-def test_own_running_counts_this_process_threads():
-    import threading
-
-    stop = threading.Event()
-    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)], daemon=True)
-    spinner.start()
-    try:
-        assert cpu_threads.own_running() >= 1  # at least the reading thread
-    finally:
-        stop.set()
-        spinner.join()
+def test_own_running_reads_the_state_after_the_name():
+    run = "4242 (py) thr)eads) R 1 2 3"
+    sleep = "4243 (R) S 1 2 3"  # a thread named "R", asleep
+    assert cpu_threads.own_running([run, run.replace("4242", "4244"), sleep]) == 2
+    # this process's own stat texts: the reading thread is running as it reads
+    states = [t[t.rindex(")") + 1:].split()[0] for t in cpu_threads.task_stats()]
+    assert "R" in states
 
 
 @pytest.mark.parametrize("default, cpus, others, n", [
