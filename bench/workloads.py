@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +27,34 @@ from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 from specmac.compare.categories import ALL, by_category, category_markdown
 from specmac.compare.measure import PLAIN, Settings, aggregate, load_models, measure, parse_ks, parse_pairs
 from specmac.compare.results import _pyplot, provenance, save_figure, write_json
+from specmac.compare.settings import AUTO, Config
 from specmac.core.prompts import PACKAGED_WORKLOAD, read_prompts
 from specmac.core.sampling import SamplingParams
 
 DRAFTS = ["gguf", "ngram", "lookup", "lookup+gguf"]
+EDIT = "code_editing"
+LOOKUP_LIKE = ("ngram", "lookup")  # drafts without a model; the rest are model drafts or hybrids
+
+
+@dataclass
+class WorkloadSettings(Settings):
+    """compare's settings with a K list per draft (``--k-for``): a model draft's best K is not a
+    lookup's, and every K measured costs a run of every prompt."""
+
+    ks_for: dict[str, list] = field(default_factory=dict)
+
+    def configs(self) -> list[Config]:
+        out = []
+        for target in dict.fromkeys(p.target for p in self.pairs):
+            out.append(Config(PLAIN, target, 0))
+            out += [Config(p.draft, target, k) for p in self.pairs if p.target == target
+                    for k in self.ks_for.get(p.draft, self.ks)]
+        return out
+
+    def to_dict(self) -> dict:
+        return super().to_dict() | {"k_for": self.ks_for,
+                                    "max_tokens_per_prompt": {p["id"]: p.get("max_tokens", self.max_tokens)
+                                                              for p in self.prompts}}
 
 
 def pick(prompts: list[dict], per_category: int) -> list[dict]:
@@ -76,6 +101,61 @@ def medians(runs: list[dict]) -> list[str]:
     return out + [""]
 
 
+def _cell(row: dict | None, key: str) -> str:
+    if not row or row.get(key) is None:
+        return "\u2013"
+    return f"{row[key]:.2f}\u00d7 ({row[key.replace('speedup', 'tokens_per_second')]:.1f})"
+
+
+def budget(cats: list[dict], drafts: list[str]) -> tuple[list[str], list[dict]]:
+    """Per category: each draft with K auto and at its best fixed K (by decoding tokens/s), the
+    hybrid against the best of plain, the model draft and the lookup (both K auto), and which source
+    the hybrid's steps took. Decoding and end to end (the target's prefill of the prompt counted)."""
+    out, checks = [], []
+    categories = [c for c in dict.fromkeys(r["category"] for r in cats) if c != ALL]
+    hybrids = [d for d in drafts if "+" in d]
+    models = [d for d in drafts if d not in LOOKUP_LIKE and "+" not in d]
+    for key, label in (("speedup", "decoding"), ("end_to_end_speedup", "end to end")):
+        head = ["category", "plain tokens/s"]
+        for d in drafts:
+            head += [f"{d} auto", f"{d} best fixed K"]
+        head += [f"{h} auto / best of plain, {', '.join(models + ['lookup'])} (auto)" for h in hybrids]
+        out += [f"### Speedup over plain, {label} (tokens/s in brackets)", "",
+                "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+        for cat in categories:
+            here = [r for r in cats if r["category"] == cat]
+            plain = next((r for r in here if r["draft"] == PLAIN), None)
+            tps = key.replace("speedup", "tokens_per_second")
+            cells = [cat, f"{plain[tps]:.1f}" if plain and plain.get(tps) else "\u2013"]
+            auto = {}
+            for d in drafts:
+                rows = [r for r in here if r["draft"] == d]
+                a = next((r for r in rows if r["k"] == AUTO), None)
+                fixed = [r for r in rows if r["k"] != AUTO and r.get("speedup")]
+                best = max(fixed, key=lambda r: r["speedup"], default=None)
+                auto[d] = a
+                cells += [_cell(a, key), (_cell(best, key) + f" K={best['k']}") if best else "\u2013"]
+            for h in hybrids:
+                rivals = [1.0] + [auto[d][key] for d in [*models, "lookup"]
+                                  if auto.get(d) and auto[d].get(key)]
+                mine = auto[h][key] if auto.get(h) and auto[h].get(key) else None
+                ratio = mine / max(rivals) if mine else None
+                cells.append(f"{ratio:.2f}\u00d7" if ratio else "\u2013")
+                checks.append({"category": cat, "measure": label, "hybrid": h, "ratio_to_best": ratio,
+                               "hybrid_speedup": mine, "best_rival_speedup": max(rivals),
+                               "lookup_speedup": auto["lookup"][key] if auto.get("lookup") else None})
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    out += ["### Which source the hybrid's steps took (K auto)", "",
+            "| category | " + " | ".join(hybrids) + " |", "|---|" + "---|" * len(hybrids)]
+    for cat in categories:
+        row = [next((r for r in cats if r["category"] == cat and r["draft"] == h and r["k"] == AUTO), None)
+               for h in hybrids]
+        out.append(f"| {cat} | " + " | ".join(", ".join(f"{k} {v}" for k, v in (r["sources"] or {}).items())
+                                              if r else "\u2013" for r in row) + " |")
+    return out + [""], checks
+
+
 def figure(cats: list[dict], title: str):
     plt = _pyplot()
     categories = list(dict.fromkeys(r["category"] for r in cats))
@@ -110,6 +190,10 @@ def main() -> None:
                     help="a target backend option, e.g. dtype=bfloat16 (repeatable)")
     ap.add_argument("--categories", default="", help="comma-separated categories (default: every one)")
     ap.add_argument("--drafts", default=",".join(DRAFTS), help="drafts, comma-separated (default: all)")
+    ap.add_argument("--k-for", action="append", default=[], metavar="DRAFT=KS",
+                    help="the K values of one draft (as --k takes them), e.g. gguf=auto,4 (repeatable)")
+    ap.add_argument("--edit-tokens", type=int, default=256,
+                    help="new tokens for the code-editing prompts (a rewritten file is long; default 256)")
     args = ap.parse_args()
     target = args.target_model or str(args.models_dir / QWEN_15B_GGUF)
     draft = str(args.models_dir / QWEN_05B_GGUF)
@@ -120,12 +204,19 @@ def main() -> None:
     if unknown:
         ap.error(f"--categories: no prompts of {', '.join(unknown)} in the packaged workload")
     prompts = pick([p for p in prompts if not wanted or p["category"] in wanted], args.per_category)
+    prompts = [p | {"max_tokens": args.edit_tokens} if p["category"] == EDIT else p for p in prompts]
     drafts = [d for d in args.drafts.split(",") if d]
+    ks_for = {}
+    for kv in args.k_for:
+        d, sep, ks = kv.partition("=")
+        if not sep or d not in drafts:
+            ap.error(f"--k-for {kv!r}: write DRAFT=KS with DRAFT one of {', '.join(drafts)}")
+        ks_for[d] = parse_ks(ks)
     topts = dict(kv.split("=", 1) for kv in args.target_opt)
     backends = {tb: {"target_model": target, "target_options": topts}}
     backends.setdefault("gguf", {})["draft_model"] = draft
-    settings = Settings(pairs=parse_pairs([f"{d}:{tb}" for d in drafts]), ks=parse_ks(args.k),
-                        prompts=prompts,
+    settings = WorkloadSettings(ks_for=ks_for, pairs=parse_pairs([f"{d}:{tb}" for d in drafts]),
+                                ks=parse_ks(args.k), prompts=prompts,
                         params=SamplingParams(0.0), max_tokens=args.max_tokens, repeats=args.repeats,
                         warmup_tokens=4, chat=True, backends=backends)
     loaded = load_models(settings)
@@ -133,13 +224,15 @@ def main() -> None:
                                 on_round=lambda runs: write_json(args.out / "runs_so_far.json", runs))
     cats = by_category(runs)
     same = identity(runs)
+    budget_lines, checks = budget(cats, drafts)
     command = ("SPECMAC_CACHE=$(mktemp -d) flock /tmp/specmac-bench.lock python bench/workloads.py "
                + shlex.join(sys.argv[1:]))
     record = {"format": "specmac.bench.workloads/1", "interrupted": interrupted,
               "provenance": provenance(command, [target, draft]), "settings": settings.to_dict(),
               "prompt_tokens": {p["id"]: len(loaded.targets[tb].encode(settings.prompt_text(
                   loaded.targets[tb], p))) for p in prompts},
-              "results": aggregate(runs, True), "categories": cats, "greedy_identity": same, "runs": runs}
+              "results": aggregate(runs, True), "categories": cats, "greedy_identity": same,
+              "budget": checks, "runs": runs}
     write_json(args.out / "results.json", record)
     save_figure(figure(cats, f"Speedup per category (0.5B Q4_K_M draft -> 1.5B {tb} {Path(target).name}"
                              f"{''.join(', ' + kv for kv in args.target_opt)}, greedy)"),
@@ -151,10 +244,12 @@ def main() -> None:
              f"`{command}`", "",
              f"{len(prompts)} prompts ({', '.join(p['id'] for p in prompts)}; prompt tokens "
              + ", ".join(f"{k} {v}" for k, v in record["prompt_tokens"].items())
-             + f") through the chat template, {args.max_tokens} new tokens, {args.repeats} rounds, "
-             f"K = {args.k}.",
+             + f") through the chat template, {args.max_tokens} new tokens ({args.edit_tokens} for code "
+             f"editing), {args.repeats} rounds; K = {args.k}"
+             + "".join(f", {d}: K = {','.join(map(str, ks))}" for d, ks in ks_for.items()) + ".",
              "", f"Greedy output identical to plain decoding: {len(same) - len(bad)} of {len(same)} "
              f"(configuration, prompt) pairs" + (f"; differs: {', '.join(bad)}" if bad else "") + ".", ""]
+    lines += ["## Per category: K auto, the best fixed K, the hybrid against its rivals", ""] + budget_lines
     lines += category_markdown(cats) + ["## Medians per run", ""] + medians(runs)
     lines += ["![speedup by category](speedup_by_category.png)", ""]
     (args.out / "README.md").write_text("\n".join(lines), "utf-8")

@@ -108,6 +108,28 @@ def test_prefill_of_a_long_prompt_keeps_the_model_off_a_short_run():
     assert not long_short.model_started
 
 
+def test_prefill_is_paid_back_only_over_what_the_model_would_draft():
+    # the same long run, but the lookup wrote the text so far (a copy): the model's prefill would be
+    # paid back over the few tokens the lookup leaves it, so it is not started
+    copying = hybrid(prefill=0.02, left=4000)
+    copying.tokens = {"lookup": 1000, "other": 0}
+    assert copying.choose(2000, 8, 0, "lookup_short") == ("none", 0)
+    assert "tokens it would draft for" in copying.k_choice
+    answering = hybrid(prefill=0.02, left=4000)
+    answering.tokens = {"lookup": 0, "other": 1000}
+    assert answering.choose(2000, 8, 0, "lookup_short")[0] == "synthetic"
+
+
+def test_tokens_are_counted_by_the_source_that_wrote_them():
+    pair = Pair.load("synthetic", "lookup+synthetic", target_options={"latency_ms": 0.0})
+    g = pair.generate("abcdefgh" * 8, params=GREEDY, k=4, max_tokens=24)
+    h = pair.drafter
+    assert h.tokens["lookup"] > 0
+    # every token but the last step's is credited to the step that wrote it
+    assert h.tokens["lookup"] + h.tokens["other"] <= g.stats.n_tokens + 1
+    assert h.tokens["lookup"] + h.tokens["other"] >= g.stats.n_tokens - 2 * 4 - 1
+
+
 def test_run_records_steps_by_source():
     pair = Pair.load("synthetic", "lookup+synthetic", target_options={"latency_ms": 0.0})
     text = "abcdefgh" * 8

@@ -134,7 +134,8 @@ def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] 
                 rnd = []
                 for c in configs:
                     g = pairs[c.id].generate(ids[c.target][i], params=settings.params, k=c.k_arg,
-                                             max_tokens=settings.max_tokens, seed=seed)
+                                             max_tokens=prompt.get("max_tokens", settings.max_tokens),
+                                             seed=seed)
                     rnd.append(run_record(c, prompt["id"], r, seed, g.stats, g.token_ids)
                                | {"category": prompt.get("category", "")})
                     tick(f"{c.id} {prompt['id']} r{r + 1}")
@@ -222,7 +223,7 @@ def diagnose_greedy(results: list[dict], runs: list[dict], settings: Settings, l
                             and r["output_sha1"] != base.get((r["target"], r["prompt"], r["round"])))
         pair = loaded.pair(c)
         found = [diagnose(pair, pair.encode(settings.prompt_text(pair.target, prompts[p])), k=c.k_arg,
-                          max_tokens=settings.max_tokens)
+                          max_tokens=prompts[p].get("max_tokens", settings.max_tokens))
                  | {"prompt": p} for p in bad]
         row["greedy_mismatches"] = [d for d in found if not d["match"]]  # a mismatch may not reproduce
         row["greedy_unexplained"] = sum(not d["near_tie"] for d in row["greedy_mismatches"])

@@ -62,6 +62,8 @@ class HybridDrafter(Drafter):
         self.k_choice = ""  # why the model was not started where its prefill is what stopped it
         self.model_prefill_s: float | None = None  # what the model's first proposal paid beyond its passes
         self.t_model: list[float] = []  # seconds per model pass, from proposals with little to catch up
+        self.tokens = {"lookup": 0, "other": 0}  # what the run committed after lookup steps and after others
+        self._last: tuple[int, str] | None = None  # (length of the text, source) of the last proposal
 
     @property
     def source(self) -> str:
@@ -100,6 +102,17 @@ class HybridDrafter(Drafter):
             return float(np.median(self.t_model[-16:]))
         return self.cost.t_draft1() if self.cost is not None else 0.0
 
+    def model_share(self) -> float:
+        """The share of the tokens left the model can expect to draft for: of the text written so
+        far, what steps other than the lookup's wrote (a prior of one token each way). Its prefill is
+        paid back only over those: on a copying text (a code edit) the lookup writes most of it."""
+        return (self.tokens["other"] + 1) / (self.tokens["other"] + self.tokens["lookup"] + 2)
+
+    def _count(self, n_seq: int) -> None:
+        if self._last is not None:
+            n0, source = self._last
+            self.tokens["lookup" if source == "lookup" else "other"] += max(n_seq - n0, 0)
+
     def choose(self, behind: int, k: int, n_lookup: int, lookup_key: str) -> tuple[str, int]:
         """(source, width) with the most predicted tokens per second: ("lookup", m <= n_lookup),
         (model, K <= k) or ("none", 0); ``behind``: the tokens the model has not seen."""
@@ -120,8 +133,11 @@ class HybridDrafter(Drafter):
             e = _expected(self.alpha("model"), ks)
             td = self.t_draft1()
             width = curve[np.minimum(ks + 1, top + 1)]
-            # the model's prefill of what it has not seen, spread over the tokens left (per step: e of them)
+            # the model's prefill of what it has not seen, spread over the tokens left that the model
+            # can expect to draft for (per step: e of them)
             left = self.cost.tokens_left() if self.cost is not None else None
+            if left:
+                left = max(left * self.model_share(), 1.0)
             prefill = self.cost.prefill_s(behind) if self.cost is not None else 0.0
             share = e * prefill / left if left else 0.0
             rate = e / (ks * td + width + share)
@@ -133,7 +149,8 @@ class HybridDrafter(Drafter):
                 if free > best[2]:
                     saving = left / best[2] - left / free
                     self.k_choice = (f"model draft not explored: its prefill of {behind} tokens \u2248 "
-                                     f"{prefill:.2g} s exceeds the best saving over {left} tokens \u2248 "
+                                     f"{prefill:.2g} s exceeds the best saving over the {left:.0f} tokens it "
+                                     f"would draft for \u2248 "
                                      f"{saving:.2g} s")
         return best[0], best[1]
 
@@ -145,7 +162,9 @@ class HybridDrafter(Drafter):
         if look:
             self._pending.append((len(seq), key, look))
         behind = len(seq) - (_common_prefix(self.model.seen, seq, len(seq) - 1) if self.model_started else 0)
+        self._count(len(seq))
         source, width = self.choose(behind, k, len(look), key)
+        self._last = (len(seq), source)
         self._source = source
         self.steps[source] += 1
         if source == NONE:
