@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--categories", default="summarization,code_editing")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--edit-tokens", type=int, default=256, help="new tokens for code editing (default 256)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("results/workload_peers"))
     ap.add_argument("--no-chat", action="store_true", help="the prompts' text without a chat template")
@@ -101,7 +102,8 @@ def main() -> None:
     for rnd in range(-1, args.rounds):  # -1: the warm-up round, discarded
         for p in prompts:
             for name, fn in configs.items():
-                r = fn(texts[p["id"]], args.max_tokens if rnd >= 0 else 8)
+                n = args.edit_tokens if p["category"] == "code_editing" else args.max_tokens
+                r = fn(texts[p["id"]], n if rnd >= 0 else 8)
                 print(f"round {rnd} {p['id']} {name}: {r['tokens_per_second']:.2f} tok/s", file=sys.stderr,
                       flush=True)
                 if rnd >= 0:
@@ -146,7 +148,8 @@ def readme(record: dict, command: str, names: list[str]) -> str:
              "```bash", command, "```", "",
              "Prompts of the packaged workload ("
              + ", ".join(f"{k}: {v} tokens" for k, v in record["prompt_tokens"].items()) + ")"
-             f" through the chat template, greedy, {s['max_tokens']} new tokens, {s['rounds']} rounds "
+             f" through the chat template, greedy, {s['max_tokens']} new tokens "
+             f"({s.get('edit_tokens', s['max_tokens'])} for code editing), {s['rounds']} rounds "
              "after a discarded warm-up round, every configuration in turn. tokens/s end to end (prompt "
              "processing included), median [min, max]; 'vs plain' against the fastest plain decoder here; "
              "'vs best peer' against the best of the peers' prompt lookup. "

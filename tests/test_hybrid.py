@@ -104,6 +104,8 @@ def test_prefill_of_a_long_prompt_keeps_the_model_off_a_short_run():
     long_short = hybrid(prefill=0.02, left=8)
     assert long_short.choose(2000, 8, 0, "lookup_short") == ("none", 0)  # 40 passes of prefill for 8 tokens
     long_long = hybrid(prefill=0.02, left=4000)
+    assert long_long.choose(2000, 8, 0, "lookup_short") == ("none", 0)  # the lookup is tried first
+    long_long.tokens = {"lookup": 0, "other": HybridDrafter.explore}  # ... and wrote nothing
     assert long_long.choose(2000, 8, 0, "lookup_short")[0] == "synthetic"  # paid back over a long run
     assert not long_short.model_started
 
@@ -118,6 +120,8 @@ def test_prefill_is_paid_back_only_over_what_the_model_would_draft():
     answering = hybrid(prefill=0.02, left=4000)
     answering.tokens = {"lookup": 0, "other": 1000}
     assert answering.choose(2000, 8, 0, "lookup_short")[0] == "synthetic"
+    cheap = hybrid(prefill=0.0001, left=4000)  # a prefill cheaper than a target step: no waiting
+    assert cheap.choose(2000, 8, 0, "lookup_short")[0] == "synthetic"
 
 
 def test_tokens_are_counted_by_the_source_that_wrote_them():

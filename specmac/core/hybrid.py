@@ -43,6 +43,7 @@ class HybridDrafter(Drafter):
     """Lookup where its match pays, the model where it pays more, nothing where neither does."""
 
     name = "hybrid"
+    explore = 4  # tokens the lookup is tried alone before a model with a costly prefill is started
 
     def __init__(self, lookup: LookupDrafter, model: ModelDrafter, name: str = "lookup+model",
                  decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 2.0) -> None:
@@ -108,6 +109,15 @@ class HybridDrafter(Drafter):
         paid back only over those: on a copying text (a code edit) the lookup writes most of it."""
         return (self.tokens["other"] + 1) / (self.tokens["other"] + self.tokens["lookup"] + 2)
 
+    def _hold(self, behind: int, t1: float) -> bool:
+        """Not yet start a model whose prefill costs more than a target step: the lookup is tried
+        for the first ``explore`` tokens (they cost what plain decoding does), so the share of the
+        text it writes (``model_share``) is seen before the prefill is paid for a copying text."""
+        if self.model_started or self.cost is None:
+            return False
+        written = self.tokens["lookup"] + self.tokens["other"]
+        return written < self.explore and self.cost.prefill_s(behind) > t1
+
     def _count(self, n_seq: int) -> None:
         if self._last is not None:
             n0, source = self._last
@@ -127,7 +137,7 @@ class HybridDrafter(Drafter):
             if rate[i] > best[2]:
                 best = ("lookup", int(m[i]), float(rate[i]))
         # K is chosen under k="auto"; a fixed K is the user's (and waits for a timed step, ``timed``)
-        if k and (self.cost is None or self.cost.timed()):
+        if k and (self.cost is None or self.cost.timed()) and not self._hold(behind, curve[1]):
             adaptive = self.cost is not None and self.cost.adaptive
             ks = np.arange(1, min(k, top, K_MODEL) + 1) if adaptive else np.array([k])
             e = _expected(self.alpha("model"), ks)
