@@ -89,10 +89,11 @@ def hybrid(**costs):
 
 def test_choice_follows_costs_and_acceptance():
     h = hybrid()
-    h.acc["lookup_sure"] = [9.0, 10.0]  # lookup kept 90%
+    for _ in range(10):
+        h.lookup.bets.observe("sure", 6, 6, False)  # sure matches kept whole
+        h.lookup.bets.observe("short", 0, 6, True)  # short ones rejected at once
     assert h.choose(50, 8, 6, "lookup_sure")[0] == "lookup"
     assert h.choose(50, 8, 0, "lookup_sure")[0] == "synthetic"  # no match: the model
-    h.acc["lookup_short"] = [0.1, 10.0]
     assert h.choose(50, 8, 6, "lookup_short")[0] == "synthetic"  # a match that is rarely kept
     # on a serial target (every width costs its tokens) with a costly draft nothing pays
     h = hybrid(beta=1.0, td=0.5)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from specmac.api import Pair
 from specmac.cli import main
 from specmac.core.bets import Bets
-from specmac.core.costs import K_MAX, K_MODEL, bet_width
+from specmac.core.costs import K_MAX, K_MODEL, best_width, bet_width
 from specmac.core.policy import AdaptiveK, FixedK
 from specmac.core.sampling import SamplingParams
 
@@ -97,8 +97,10 @@ def test_weak_bets_are_not_made_on_a_nearly_linear_curve():
 
     bets = Bets()
     bets.cost = Cost(0.9)  # a Q4_K_M target: each verified token costs 0.9 of a pass
-    bets.acc["weak"], bets.acc["sure"] = [0.6, 2.0], [99.0, 100.0]
-    assert bets.cut([1, 2, 3], [4, 5, 6, 7], "weak") == []  # alpha 0.3: 1.3 tokens for 1.9 passes
+    for i in range(40):
+        bets.observe("weak", int(i % 3 == 0), 4, True)  # a third kept one draft, the rest none
+        bets.observe("sure", 4, 4, False)  # kept whole
+    assert bets.cut([1, 2, 3], [4, 5, 6, 7], "weak") == []  # 1.3 tokens for 1.9 passes
     assert bets.cut([1, 2, 3], [4, 5, 6, 7], "sure") == [4, 5, 6, 7]
     bets.cost = Cost(0.05)  # a parallel target: the weak bet pays
     assert bets.cut([1, 2, 3], [4, 5, 6, 7], "weak") != []
@@ -108,7 +110,47 @@ def test_weak_bets_are_not_made_on_a_nearly_linear_curve():
     bets.reset()
     bets.cut([1, 2], [3, 4], "k")
     bets.learn([1, 2, 3, 4, 9])
-    assert bets.alpha("k") == pytest.approx((0.97 * 1.0 + 2) / (0.97 * 2.0 + 2))
+    assert list(bets.reached["k"]) == [1, 1] and list(bets.kept["k"]) == [1, 1]
+    assert bets.alpha("k") == pytest.approx((2 + 1) / (2 + 2))
+    bets.cut([1, 2, 3, 4, 9], [5, 6, 7], "k")
+    bets.learn([1, 2, 3, 4, 9, 5, 8])  # kept one, the second rejected, the third never reached
+    assert list(bets.reached["k"]) == pytest.approx([0.97 + 1, 0.97 + 1, 0])
+    assert list(bets.kept["k"]) == pytest.approx([0.97 + 1, 0.97, 0])
+
+
+def test_bets_follow_how_far_proposals_were_kept_not_one_rate():
+    """Proposals kept for exactly 3 drafts and then left: one pooled rate (3/4) would bet one or
+    two drafts on a linear curve, or as wide as a flat one allows; the survival by depth bets 3."""
+    bets = Bets()
+    for _ in range(30):
+        bets.observe("copy", 3, 8, True)
+    s = bets.survival("copy", 8)
+    assert s[3] > 0.9 and s[4] < 0.1
+    assert bets.alpha("copy") == pytest.approx(0.75, abs=0.02)
+
+    class Linear:
+        def width_costs(self):
+            return np.concatenate([[1.0], 1.0 + 0.5 * np.arange(K_MAX + 1)])
+
+    bets.cost = Linear()
+    assert len(bets.cut([0], list(range(8)), "copy")) == 3
+    assert bet_width(bets.alpha("copy"), 8, Linear().width_costs()) < 3  # what one rate would bet
+    # one long match kept whole is not evidence enough for the next bet to go as wide as it
+    once = Bets()
+    once.observe("sure", 32, 32, False)
+    pooled = (32 + 1) / (32 + 2)  # the one rate a pooled count would give: E(32) = 21.6
+    assert once.expected("sure", 32)[-1] < 13 < np.sum(pooled ** np.arange(33)) - 8
+    for _ in range(30):
+        once.observe("sure", 32, 32, False)
+    assert once.expected("sure", 32)[-1] > 25
+
+
+def test_best_width_is_bet_width_for_a_geometric_survival():
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        curve = np.concatenate([[0.0], np.cumsum(rng.uniform(0.0, 1.0, size=12)) + 1.0])
+        alpha, m = float(rng.uniform()), int(rng.integers(0, 15))
+        assert best_width(np.cumsum(alpha ** np.arange(m + 1)), curve) == bet_width(alpha, m, curve)
 
 
 def test_auto_lookup_on_a_serial_target_bets_less_and_stays_exact():

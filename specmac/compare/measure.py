@@ -137,7 +137,8 @@ def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] 
                                              max_tokens=prompt.get("max_tokens", settings.max_tokens),
                                              seed=seed)
                     rnd.append(run_record(c, prompt["id"], r, seed, g.stats, g.token_ids)
-                               | {"category": prompt.get("category", "")})
+                               | {"category": prompt.get("category", ""),
+                                  "threads": pairs[c.id].threads_now()})
                     tick(f"{c.id} {prompt['id']} r{r + 1}")
                 runs += rnd
                 if on_round is not None:

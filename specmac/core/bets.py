@@ -6,8 +6,17 @@ results/probes) a weak match's drafts cost more than they win. ``Bets`` keeps a 
 acceptance per kind of proposal, learnt from the committed text (how far each proposal would have
 been kept, whether it was verified or not, so a kind that was cut to nothing can still earn its
 way back), and cuts each proposal to argmax_w E(w) / T(w + 1) over the widths measured, w = 0 (no
-bet: a plain step) included (``specmac.core.costs.bet_width``). Without costs (a fixed K, which is
+bet: a plain step) included (``specmac.core.costs.best_width``). Without costs (a fixed K, which is
 the user's) it cuts nothing.
+
+E(w) is not the geometric sum of one acceptance rate: a copied stretch is kept for a while and then
+left, so the drafts of one proposal are not independent, and one long kept match would make a
+single rate close to 1 and the next bet as wide as the curve allows. Instead the bets keep, per
+depth j, how many proposals reached their j-th draft and how many kept it (a survival curve, as
+Kaplan and Meier count it): E(w) = 1 + sum_{j<=w} S(j), S(j) the product of the kept shares at
+depths 1..j. A depth few proposals reached leans on the depth before it (its share is shrunk
+towards the previous one's, with the prior's weight), so a width is bet on as far as proposals
+were seen to be kept that far.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from specmac.core.costs import bet_width
+from specmac.core.costs import best_width
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
@@ -29,23 +38,56 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 
 
 class Bets:
-    """Per-kind acceptance of free drafts, and the cut that the measured step costs call for."""
+    """Per-kind survival of free drafts by depth, and the cut that the measured step costs call for."""
 
     def __init__(self, decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 2.0) -> None:
-        self.decay, self.prior = decay, (prior_alpha * prior_weight, prior_weight)
+        self.decay, self.prior_alpha, self.prior_weight = decay, prior_alpha, prior_weight
         # the K policy whose width_costs() gives [n] seconds of a step over n tokens, measured widths
         # only (an AdaptiveK, set per run by the API); None: no cut
         self.cost: Any = None
         self.reset()
 
     def reset(self) -> None:
-        self.acc: dict[str, list[float]] = {}
+        # per kind: [depth j - 1] decayed counts of proposals that reached their j-th draft, and kept it
+        self.reached: dict[str, np.ndarray] = {}
+        self.kept: dict[str, np.ndarray] = {}
         self._pending: list[tuple[int, str, list[int]]] = []
         self.n_cut = self.n_declined = 0  # proposals cut shorter, and cut to nothing, in this run
 
+    def observe(self, key: str, kept: int, drafted: int, rejected: bool) -> None:
+        """One proposal of ``drafted`` drafts of which the first ``kept`` were kept, and the next
+        ``rejected`` (else the text stopped or the drafts ran out: nothing known beyond)."""
+        depth = max(drafted, len(self.reached.get(key, ())))
+        reached = np.zeros(depth)
+        kept_ = np.zeros(depth)
+        if key in self.reached:
+            n = len(self.reached[key])
+            reached[:n], kept_[:n] = self.decay * self.reached[key], self.decay * self.kept[key]
+        reached[:kept] += 1
+        kept_[:kept] += 1
+        if rejected and kept < drafted:
+            reached[kept] += 1
+        self.reached[key], self.kept[key] = reached, kept_
+
+    def survival(self, key: str, m: int) -> np.ndarray:
+        """[m + 1] S(j), j = 0..m: the estimated chance that a proposal's first j drafts are all kept."""
+        reached = self.reached.get(key, np.zeros(0))
+        kept = self.kept.get(key, np.zeros(0))
+        s, share, w = np.ones(m + 1), self.prior_alpha, self.prior_weight
+        for j in range(m):
+            if j < len(reached):
+                share = (kept[j] + w * share) / (reached[j] + w)
+            s[j + 1] = s[j] * share
+        return s
+
+    def expected(self, key: str, m: int) -> np.ndarray:
+        """[m + 1] E(w), w = 0..m: tokens a step over this kind's first w drafts is expected to commit."""
+        return np.cumsum(self.survival(key, m))
+
     def alpha(self, key: str) -> float:
-        a, n = self.acc.get(key, self.prior)
-        return a / n
+        """The kind's pooled acceptance, kept over reached (the prior's weight added)."""
+        r, k = self.reached.get(key, np.zeros(0)).sum(), self.kept.get(key, np.zeros(0)).sum()
+        return float((k + self.prior_alpha * self.prior_weight) / (r + self.prior_weight))
 
     def learn(self, seq: Sequence[int]) -> None:
         """Score the pending proposals against the committed text: accepted drafts, and one
@@ -53,24 +95,21 @@ class Bets:
         for n0, key, drafts in self._pending:
             got = seq[n0:n0 + len(drafts)]
             a = common_prefix(got, drafts, len(drafts))
-            rejected = a < len(drafts) and len(seq) > n0 + a
-            acc = self.acc.setdefault(key, list(self.prior))
-            acc[0] = self.decay * acc[0] + a
-            acc[1] = self.decay * acc[1] + a + rejected
+            self.observe(key, a, len(drafts), a < len(drafts) and len(seq) > n0 + a)
         self._pending = []
 
     def cut(self, seq: Sequence[int], drafts: list[int], key: str) -> list[int]:
-        """The proposal as far as it pays at this kind's acceptance (all of it without costs)."""
+        """The proposal as far as it pays at this kind's survival (all of it without costs)."""
         if not drafts:
             return drafts
         self._pending.append((len(seq), key, list(drafts)))
         if self.cost is None:
             return drafts
-        w = bet_width(self.alpha(key), len(drafts), self.cost.width_costs())
+        w = best_width(self.expected(key, len(drafts)), self.cost.width_costs())
         self.n_cut += w < len(drafts)
         self.n_declined += w == 0
         return drafts[:w]
 
     def info(self) -> dict:
         return {"bets_cut": self.n_cut, "bets_declined": self.n_declined,
-                "bet_alpha": {k: self.alpha(k) for k in sorted(self.acc)}}
+                "bet_alpha": {k: self.alpha(k) for k in sorted(self.reached)}}

@@ -136,11 +136,19 @@ def bet_width(alpha: float, m: int, curve: Sequence[float]) -> int:
     E(w) / T(w + 1), for a free draft of m tokens at acceptance alpha. ``curve[n]`` is the measured
     step time over n tokens; widths beyond it are not considered (never extrapolated). Ties go to
     the narrower width."""
-    t = np.asarray(curve, float)
-    ws = np.arange(0, max(0, min(int(m), len(t) - 2)) + 1)
     a = min(max(float(alpha), 0.0), 1.0)
-    e = np.cumsum(a ** np.arange(len(ws)))  # E(w) = sum_{j<=w} alpha^j
-    return int(ws[int(np.argmax(e / t[ws + 1]))])
+    return best_width(np.cumsum(a ** np.arange(max(int(m), 0) + 1)), curve)  # E(w) = sum_{j<=w} alpha^j
+
+
+def best_width(expected: Sequence[float], curve: Sequence[float]) -> int:
+    """The width w in 0..len(expected) - 1 with the most expected tokens per second,
+    expected[w] / T(w + 1), where ``expected[w]`` is the tokens a step over w free drafts is expected
+    to commit (expected[0] = 1, a plain step); widths beyond the measured curve are not considered.
+    Ties go to the narrower width."""
+    t = np.asarray(curve, float)
+    e = np.asarray(expected, float)
+    ws = np.arange(0, max(0, min(len(e) - 1, len(t) - 2)) + 1)
+    return int(ws[int(np.argmax(e[ws] / t[ws + 1]))])
 
 
 def posterior_moments(accepted: float, rejected: float, k_max: int) -> np.ndarray:

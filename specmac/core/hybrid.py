@@ -131,7 +131,8 @@ class HybridDrafter(Drafter):
         best = (NONE, 0, 1.0 / curve[1])  # plain decoding
         if n_lookup:
             m = np.arange(1, min(n_lookup, top) + 1)
-            e = _expected(self.alpha(lookup_key), m)
+            # the lookup's own survival by depth for this kind of match (specmac.core.bets)
+            e = self.lookup.bets.expected(lookup_key.removeprefix("lookup_"), len(m))[1:]
             rate = e / curve[m + 1]
             i = int(np.argmax(rate))
             if rate[i] > best[2]:
