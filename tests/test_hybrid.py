@@ -92,22 +92,22 @@ def test_choice_follows_costs_and_acceptance():
     for _ in range(10):
         h.lookup.bets.observe("sure", 6, 6, False)  # sure matches kept whole
         h.lookup.bets.observe("short", 0, 6, True)  # short ones rejected at once
-    assert h.choose(50, 8, 6, "lookup_sure")[0] == "lookup"
-    assert h.choose(50, 8, 0, "lookup_sure")[0] == "synthetic"  # no match: the model
-    assert h.choose(50, 8, 6, "lookup_short")[0] == "synthetic"  # a match that is rarely kept
+    assert h.choose(50, 8, 6, "sure")[0] == "lookup"
+    assert h.choose(50, 8, 0, "sure")[0] == "synthetic"  # no match: the model
+    assert h.choose(50, 8, 6, "short")[0] == "synthetic"  # a match that is rarely kept
     # on a serial target (every width costs its tokens) with a costly draft nothing pays
     h = hybrid(beta=1.0, td=0.5)
-    assert h.choose(50, 8, 0, "lookup_short") == ("none", 0)
+    assert h.choose(50, 8, 0, "short") == ("none", 0)
 
 
 def test_prefill_of_a_long_prompt_keeps_the_model_off_a_short_run():
     # a draft pass costs 0.1 of the target's; its prefill 0.02 of a pass per token
     long_short = hybrid(prefill=0.02, left=8)
-    assert long_short.choose(2000, 8, 0, "lookup_short") == ("none", 0)  # 40 passes of prefill for 8 tokens
+    assert long_short.choose(2000, 8, 0, "short") == ("none", 0)  # 40 passes of prefill for 8 tokens
     long_long = hybrid(prefill=0.02, left=4000)
-    assert long_long.choose(2000, 8, 0, "lookup_short") == ("none", 0)  # the lookup is tried first
+    assert long_long.choose(2000, 8, 0, "short") == ("none", 0)  # the lookup is tried first
     long_long.tokens = {"lookup": 0, "other": HybridDrafter.explore}  # ... and wrote nothing
-    assert long_long.choose(2000, 8, 0, "lookup_short")[0] == "synthetic"  # paid back over a long run
+    assert long_long.choose(2000, 8, 0, "short")[0] == "synthetic"  # paid back over a long run
     assert not long_short.model_started
 
 
@@ -116,13 +116,13 @@ def test_prefill_is_paid_back_only_over_what_the_model_would_draft():
     # paid back over the few tokens the lookup leaves it, so it is not started
     copying = hybrid(prefill=0.02, left=4000)
     copying.tokens = {"lookup": 1000, "other": 0}
-    assert copying.choose(2000, 8, 0, "lookup_short") == ("none", 0)
+    assert copying.choose(2000, 8, 0, "short") == ("none", 0)
     assert "tokens it would draft for" in copying.k_choice
     answering = hybrid(prefill=0.02, left=4000)
     answering.tokens = {"lookup": 0, "other": 1000}
-    assert answering.choose(2000, 8, 0, "lookup_short")[0] == "synthetic"
+    assert answering.choose(2000, 8, 0, "short")[0] == "synthetic"
     cheap = hybrid(prefill=0.0001, left=4000)  # a prefill cheaper than a target step: no waiting
-    assert cheap.choose(2000, 8, 0, "lookup_short")[0] == "synthetic"
+    assert cheap.choose(2000, 8, 0, "short")[0] == "synthetic"
 
 
 def test_tokens_are_counted_by_the_source_that_wrote_them():

@@ -11,8 +11,8 @@ too. Costs come from ``HybridPolicy``: the K policy's measured target curve and 
 (``k="auto"``: the lookup's widths out to the widest measured, up to ``K_MAX``; the model's to
 ``K_MODEL``), or, with a fixed K, the run's own step times (the target's; until one is timed the
 model, whose prefill cannot yet be weighed, is not started) and the model's passes as they are
-timed; acceptance per source (the lookup's split by short and sure matches) from what the target
-kept, forgotten slowly.
+timed; the model's acceptance from what the target kept of its drafts, forgotten slowly, and the
+lookup's from its own bets (how far its short and its sure matches were kept, depth by depth).
 ``source`` names the choice of the last proposal, so the loop's events (and the run's stats)
 say how often each source drafted.
 """
@@ -55,7 +55,7 @@ class HybridDrafter(Drafter):
         self.reset_run()
 
     def reset_run(self) -> None:
-        self.acc = {s: list(self.prior) for s in ("lookup_short", "lookup_sure", "model")}
+        self.acc = {"model": list(self.prior)}  # the lookup's acceptance is its own bets' (by depth)
         self.steps = {"lookup": 0, self.model_source: 0, NONE: 0}
         self._source = NONE
         self._pending: list[tuple[int, str, list[int]]] = []
@@ -85,9 +85,8 @@ class HybridDrafter(Drafter):
         return a / n
 
     def _learn(self, seq) -> None:
-        """What the target kept of the last proposals: accepted drafts, and one rejection if the
-        committed text shows one. The lookup's draft is scored even where the model drafted (it
-        is free to have made): what the target wrote tells how far it would have been kept."""
+        """What the target kept of the model's last proposals: accepted drafts, and one rejection if
+        the committed text shows one. (The lookup scores its own proposals, every one, in its bets.)"""
         for n0, key, drafts in self._pending:
             got = [int(t) for t in seq[n0 : n0 + len(drafts)]]
             a = _common_prefix(got, drafts, len(drafts))
@@ -123,16 +122,17 @@ class HybridDrafter(Drafter):
             n0, source = self._last
             self.tokens["lookup" if source == "lookup" else "other"] += max(n_seq - n0, 0)
 
-    def choose(self, behind: int, k: int, n_lookup: int, lookup_key: str) -> tuple[str, int]:
+    def choose(self, behind: int, k: int, n_lookup: int, lookup_kind: str) -> tuple[str, int]:
         """(source, width) with the most predicted tokens per second: ("lookup", m <= n_lookup),
-        (model, K <= k) or ("none", 0); ``behind``: the tokens the model has not seen."""
+        (model, K <= k) or ("none", 0); ``behind``: the tokens the model has not seen;
+        ``lookup_kind``: the lookup's kind of match ("sure" or "short", as its bets count them)."""
         curve = self.cost.curve() if self.cost is not None else np.ones(K_MAX + 2)
         top = len(curve) - 2
         best = (NONE, 0, 1.0 / curve[1])  # plain decoding
         if n_lookup:
             m = np.arange(1, min(n_lookup, top) + 1)
             # the lookup's own survival by depth for this kind of match (specmac.core.bets)
-            e = self.lookup.bets.expected(lookup_key.removeprefix("lookup_"), len(m))[1:]
+            e = self.lookup.bets.expected(lookup_kind, len(m))[1:]
             rate = e / curve[m + 1]
             i = int(np.argmax(rate))
             if rate[i] > best[2]:
@@ -168,13 +168,10 @@ class HybridDrafter(Drafter):
     def propose(self, seq, k, params, rng, n_vocab, noise=None):
         self._learn(seq)
         look, q_look = self.lookup.propose(seq, k, params, rng, n_vocab)
-        n = self.lookup.last_match
-        key = "lookup_sure" if n >= self.lookup.sure_match else "lookup_short"
-        if look:
-            self._pending.append((len(seq), key, look))
+        kind = "sure" if self.lookup.last_match >= self.lookup.sure_match else "short"
         behind = len(seq) - (_common_prefix(self.model.seen, seq, len(seq) - 1) if self.model_started else 0)
         self._count(len(seq))
-        source, width = self.choose(behind, k, len(look), key)
+        source, width = self.choose(behind, k, len(look), kind)
         self._last = (len(seq), source)
         self._source = source
         self.steps[source] += 1
@@ -198,7 +195,8 @@ class HybridDrafter(Drafter):
         return {**self.model.info(), "drafter": self.label, "lookup": self.lookup.info(),
                 "steps_by_source": dict(self.steps), "model_prefill_s": self.model_prefill_s,
                 "k_choice": self.k_choice,
-                "alpha": {k: self.alpha(k) for k in self.acc}}
+                "alpha": {"model": self.alpha("model"),
+                          **{f"lookup_{k}": a for k, a in self.lookup.bets.info()["bet_alpha"].items()}}}
 
 
 def _expected(alpha: float, ks: np.ndarray) -> np.ndarray:
