@@ -216,7 +216,7 @@ def check_outputs(out, n_configs: int) -> dict:
         assert (num(lo), num(hi)) == pytest.approx((tps["p25"], tps["p75"]), abs=0.051)
         assert num(cells[4]) == pytest.approx(sp["median"], abs=0.0051)
         for cell, value, tol in ((cells[6], r["predicted_speedup"], 0.0051),
-                                 (cells[7], r["acceptance_rate"], 5e-4),
+                                 (cells[7], r["acceptance_rate"], 5.1e-4),
                                  (cells[8], r["tokens_per_target_pass"], 0.0051)):
             assert (num(cell) is None) == (value is None)
             if value is not None:
