@@ -125,6 +125,26 @@ def test_prefill_is_paid_back_only_over_what_the_model_would_draft():
     assert cheap.choose(2000, 8, 0, "short")[0] == "synthetic"
 
 
+def test_the_wait_for_the_lookup_is_kept_only_where_the_prefill_costs_more():
+    # the wait is explore plain steps (t1 = 1 s each); a prefill of 50 tokens at 0.04 s is 2 s:
+    # cheaper than the wait, so the model starts at once; at 0.1 s a token (5 s) the lookup goes first
+    assert hybrid(prefill=0.04, left=4000).choose(50, 8, 0, "short")[0] == "synthetic"
+    assert hybrid(prefill=0.1, left=4000).choose(50, 8, 0, "short") == ("none", 0)
+
+
+def test_model_steps_are_predicted_from_the_posterior_not_the_point_estimate():
+    h = hybrid()
+    h.acc["model"] = [7.0, 10.0]  # acceptance ~ Beta(7, 3)
+    ks = np.arange(1, 17)
+    grid = np.linspace(0.0, 1.0, 200001)
+    dens = grid ** 6 * (1 - grid) ** 2
+    dens /= np.trapezoid(dens, grid)
+    want = [np.trapezoid(dens * np.sum(grid[None, :] ** np.arange(k + 1)[:, None], 0), grid) for k in ks]
+    assert h.expected_model(ks) == pytest.approx(want, rel=1e-4)
+    point = np.array([np.sum(0.7 ** np.arange(k + 1)) for k in ks])
+    assert np.all(h.expected_model(ks)[3:] > point[3:] + 0.05)  # the tail of a draft kept in runs
+
+
 def test_tokens_are_counted_by_the_source_that_wrote_them():
     pair = Pair.load("synthetic", "lookup+synthetic", target_options={"latency_ms": 0.0})
     g = pair.generate("abcdefgh" * 8, params=GREEDY, k=4, max_tokens=24)

@@ -30,6 +30,48 @@ def test_one_token_match_is_no_bet():
     assert propose(d, [5, 1, 7, 8, 9, 5, 1], 4) == [7, 8, 9, 5]  # "5 1" recurs
 
 
+class Curve:
+    """A K policy stand-in for the bets: seconds of a step over n tokens, n = 0..33."""
+
+    def __init__(self, beta):
+        self.c = 1.0 + beta * (np.arange(34) - 1.0)
+        self.c[0] = 1.0
+
+    def width_costs(self):
+        return self.c
+
+
+def test_weak_matches_are_bet_on_only_where_costs_are_known():
+    # k="auto" (the bets priced by the measured curve): a 1-token match is a bet like any other
+    seq = [5, 1, 7, 8, 9, 1]  # only "1" recurs
+    flat = LookupDrafter(min_match=3)
+    flat.bets.cost = Curve(0.0)  # every width costs one pass: any draft may pay
+    assert propose(flat, seq, 4) == [7, 8, 9, 1] and flat.last_kind == "weak"
+    # ... where its continuations agree on nothing, on the latest (as the n-gram drafter does)
+    parted = [1, 7, 0, 2, 1, 8, 3, 1]  # "1" was followed by 7 and by 8
+    assert propose(flat, parted, 3) == [8, 3, 1] and flat.last_kind == "latest"
+    # a fixed K (no costs): no bet under min_match; a sure match agrees as before
+    assert propose(LookupDrafter(min_match=3), seq, 4) == []
+    assert propose(LookupDrafter(min_match=3), parted, 3) == []
+    # a serial target (each width costs its tokens): the unproven weak bet is cut to nothing
+    serial = LookupDrafter(min_match=3)
+    serial.bets.cost = Curve(1.0)
+    assert propose(serial, parted, 3) == [] and serial.last_kind == "latest"
+
+
+def test_weak_and_latest_bets_are_kept_apart():
+    d = LookupDrafter(min_match=3)
+    d.bets.cost = Curve(0.0)
+    text = [1, 7, 0, 2, 1, 8, 3, 1]
+    for t in range(20):  # each latest-continuation bet is rejected: the target writes 40 + t
+        propose(d, text, 3)
+        text = text + [40 + t, 1]
+    d.bets.learn(text)
+    assert d.bets.alpha("latest") < 0.1
+    assert "weak" not in d.bets.reached  # no majority was ever proposed: its prior stands
+    assert d.bets.alpha("weak") == pytest.approx(0.5)
+
+
 def test_longest_match_wins_over_a_later_shorter_one():
     #            longest earlier match of the suffix [3, 4, 5] is at 0..2 (continues 6 7);
     #            [4, 5] alone also occurs later (continues 9)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from specmac.core.costs import K_MAX, K_MODEL
+from specmac.core.costs import K_MAX, K_MODEL, posterior_moments
 from specmac.core.drafters import (
     FACTORIES,
     HYBRID,
@@ -96,6 +96,13 @@ class HybridDrafter(Drafter):
             acc[1] = self.decay * acc[1] + a + rejected
         self._pending = []
 
+    def expected_model(self, ks: np.ndarray) -> np.ndarray:
+        """E(K) of a model step with K drafts: sum_j E[alpha^j] under the Beta posterior of the
+        model's acceptance (as the model's own K policy predicts it, ``AdaptiveK``), whose heavier
+        tail than alpha^j at the point estimate follows a draft that is kept in runs."""
+        a, n = self.acc["model"]
+        return np.cumsum(posterior_moments(a, n - a, int(ks.max())))[ks]
+
     # --- the choice ---------------------------------------------------------------------------
     def t_draft1(self) -> float:
         if self.t_model:
@@ -109,13 +116,15 @@ class HybridDrafter(Drafter):
         return (self.tokens["other"] + 1) / (self.tokens["other"] + self.tokens["lookup"] + 2)
 
     def _hold(self, behind: int, t1: float) -> bool:
-        """Not yet start a model whose prefill costs more than a target step: the lookup is tried
-        for the first ``explore`` tokens (they cost what plain decoding does), so the share of the
-        text it writes (``model_share``) is seen before the prefill is paid for a copying text."""
+        """Not yet start a model whose prefill costs more than the ``explore`` target steps of
+        waiting would: the lookup is tried for the first ``explore`` tokens (they cost what plain
+        decoding does), so the share of the text it writes (``model_share``) is seen before the
+        prefill is paid for a copying text. A prefill cheaper than that wait is paid at once:
+        the wait would cost more than a wasted prefill."""
         if self.model_started or self.cost is None:
             return False
         written = self.tokens["lookup"] + self.tokens["other"]
-        return written < self.explore and self.cost.prefill_s(behind) > t1
+        return written < self.explore and self.cost.prefill_s(behind) > self.explore * t1
 
     def _count(self, n_seq: int) -> None:
         if self._last is not None:
@@ -141,7 +150,7 @@ class HybridDrafter(Drafter):
         if k and (self.cost is None or self.cost.timed()) and not self._hold(behind, curve[1]):
             adaptive = self.cost is not None and self.cost.adaptive
             ks = np.arange(1, min(k, top, K_MODEL) + 1) if adaptive else np.array([k])
-            e = _expected(self.alpha("model"), ks)
+            e = self.expected_model(ks)
             td = self.t_draft1()
             width = curve[np.minimum(ks + 1, top + 1)]
             # the model's prefill of what it has not seen, spread over the tokens left that the model
@@ -168,7 +177,7 @@ class HybridDrafter(Drafter):
     def propose(self, seq, k, params, rng, n_vocab, noise=None):
         self._learn(seq)
         look, q_look = self.lookup.propose(seq, k, params, rng, n_vocab)
-        kind = "sure" if self.lookup.last_match >= self.lookup.sure_match else "short"
+        kind = self.lookup.last_kind
         behind = len(seq) - (_common_prefix(self.model.seen, seq, len(seq) - 1) if self.model_started else 0)
         self._count(len(seq))
         source, width = self.choose(behind, k, len(look), kind)
@@ -197,11 +206,6 @@ class HybridDrafter(Drafter):
                 "k_choice": self.k_choice,
                 "alpha": {"model": self.alpha("model"),
                           **{f"lookup_{k}": a for k, a in self.lookup.bets.info()["bet_alpha"].items()}}}
-
-
-def _expected(alpha: float, ks: np.ndarray) -> np.ndarray:
-    """E(K) = sum_{j=0..K} alpha^j: expected tokens of a step with K drafts."""
-    return np.array([np.sum(alpha ** np.arange(int(k) + 1)) for k in ks])
 
 
 class HybridPolicy:

@@ -1,17 +1,21 @@
 """Prompt lookup that bets only when it should (``--draft lookup``): no model, pure numpy.
 
 An index of every n-gram of the committed text (prompt and output), keyed by the n-gram for each
-length n in min_match..max_match and holding the positions where it ended, is updated as the text
+length n in weak_match..max_match and holding the positions where it ended, is updated as the text
 grows (a few dict insertions a token, never a rescan). A step looks up the longest suffix of the
 text that occurred before; the occurrences' continuations are candidate drafts, ranked by how
 often each token followed (ties: the latest). The draft follows the majority while more than
 ``agree`` of the still-consistent continuations agree, and stops where they part, so its length
-comes from how far earlier continuations agree. Below ``min_match`` tokens of match, or where
-short matches (under ``sure_match``) have kept being rejected in this run, it proposes nothing:
-the step is a plain one and costs what plain decoding costs. Under ``k="auto"`` a proposal is
-also cut to the width its kind's running acceptance pays for on the measured step costs
-(``specmac.core.bets``; short and sure matches apart), so a weak match is not verified where the
-wider pass costs more than it wins.
+comes from how far earlier continuations agree. Where short matches (under ``sure_match``) have
+kept being rejected in this run, it proposes nothing: the step is a plain one and costs what
+plain decoding costs. Under ``k="auto"`` a proposal is also cut to the width its kind's running
+acceptance pays for on the measured step costs (``specmac.core.bets``; weak, short and sure
+matches apart, and the latest continuation of a weak match whose continuations agree on nothing),
+so a weak match is not verified where the wider pass costs more than it wins. Weak matches (from
+``weak_match`` to under ``min_match`` tokens) are bet on only there: with a fixed K, which no
+costs weigh, a match under ``min_match`` proposes nothing. On a target whose wide pass costs
+about one token (torch bf16 on a CPU, results/probes_wide) a 1-token match's guess pays; on a
+llama.cpp Q4_K_M target the bets cut it away.
 
 The drafter learns what was kept from the next committed sequence (the part of its last draft
 that the target kept), so it needs nothing from the loop beyond the contract.
@@ -68,21 +72,24 @@ class LookupDrafter(Drafter):
     """Longest earlier match of the text's suffix; drafts as far as its continuations agree."""
 
     name = "lookup"
+    LATEST_FOR = ("weak",)  # kinds of match whose latest continuation is bet on where none agree
 
     def __init__(self, min_match: int = 3, max_match: int = 8, agree: float = 0.5,
-                 max_candidates: int = 8, sure_match: int = 6, min_accept: float = 0.3) -> None:
-        if not 1 <= min_match <= max_match:
-            raise ValueError(f"min_match {min_match} and max_match {max_match} are out of range: use "
-                             "1 <= min_match <= max_match")
+                 max_candidates: int = 8, sure_match: int = 6, min_accept: float = 0.3,
+                 weak_match: int = 1) -> None:
+        if not 1 <= weak_match <= min_match <= max_match:
+            raise ValueError(f"weak_match {weak_match}, min_match {min_match} and max_match {max_match} are "
+                             "out of range: use 1 <= weak_match <= min_match <= max_match")
         self.min_match, self.max_match, self.agree = min_match, max_match, agree
         self.max_candidates, self.sure_match, self.min_accept = max_candidates, sure_match, min_accept
-        self.index = NgramIndex(min_match, max_match)
+        self.weak_match = weak_match
+        self.index = NgramIndex(weak_match, max_match)
         self._pending: tuple[int, int, list[int]] | None = None  # (len(seq), match length, drafts)
         # per match length: first drafts proposed and accepted in this run (for the short-match gate)
         self.tried = np.zeros(max_match + 1)
         self.kept = np.zeros(max_match + 1)
         self.n_proposed = self.n_declined = 0
-        self.last_match = 0
+        self.last_match, self.last_kind = 0, "weak"
         self.bets = Bets()
 
     def max_k(self, n_seq: int) -> int:
@@ -129,15 +136,15 @@ class LookupDrafter(Drafter):
 
     def draft(self, seq: Sequence[int], k: int) -> tuple[list[int], int]:
         """(drafts [<= k], match length): the majority continuation while ``agree`` of the
-        occurrences still consistent with it agree; [] when no match is worth a bet."""
+        occurrences still consistent with it agree; [] when no match is worth a bet. Under
+        k="auto" a weak match whose continuations agree on nothing bets on its latest one (as the
+        n-gram drafter does), a kind of its own (``last_kind``) that its bets keep apart."""
         self._sync(seq)
         n, ends = self.index.longest_match()
-        self.last_match = n
-        if n == 0 or k < 1:
+        self.last_match, self.last_kind = n, self.kind(n)
+        priced = self.bets.cost is not None  # k="auto": the bets weigh every proposal against the costs
+        if n == 0 or k < 1 or (n < self.min_match and not priced) or self._gated(n):
             return [], n
-        if n < self.sure_match and self.tried[n] >= 4:  # a short match that keeps being rejected
-            if self.kept[n] + 1 < self.min_accept * (self.tried[n] + 2):  # Beta(1, 1) prior
-                return [], n
         toks, L = self.index.tokens, len(self.index.tokens)
         alive = ends[: self.max_candidates]  # latest first
         out: list[int] = []
@@ -153,7 +160,20 @@ class LookupDrafter(Drafter):
                 break
             out.append(best)
             alive = [e for e in alive if e + 1 + j < L and toks[e + 1 + j] == best]
+        if not out and self.last_kind in self.LATEST_FOR:
+            out, self.last_kind = toks[ends[0] + 1 : ends[0] + 1 + k], "latest"
         return out, n
+
+    def _gated(self, n: int) -> bool:
+        """A short match that keeps being rejected in this run (its first drafts, Beta(1, 1) prior)."""
+        if n >= self.sure_match or n < self.min_match or self.tried[n] < 4:
+            return False
+        return self.kept[n] + 1 < self.min_accept * (self.tried[n] + 2)
+
+    def kind(self, n: int) -> str:
+        """The bets' name for a match of n tokens: weak (under ``min_match``, bet on only where
+        costs are known), short (under ``sure_match``) or sure."""
+        return "weak" if n < self.min_match else "sure" if n >= self.sure_match else "short"
 
     def propose(self, seq, k, params, rng, n_vocab, noise=None):  # one-hot: the noise is not needed
         self._learn(seq)
@@ -161,7 +181,7 @@ class LookupDrafter(Drafter):
         drafts, n = self.draft(seq, k)
         if drafts:
             self._pending = (len(seq), n, drafts)  # the gate learns from the whole proposal
-            drafts = self.bets.cut(seq, drafts, "sure" if n >= self.sure_match else "short")
+            drafts = self.bets.cut(seq, drafts, self.last_kind)
         if drafts:
             self.n_proposed += 1
         else:
