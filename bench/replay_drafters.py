@@ -1,0 +1,236 @@
+"""Replay the drafters' choices over fixed greedy texts: a prediction per category, no model runs.
+
+    python bench/replay_drafters.py record --models-dir /work/models   # once: results/replay/texts.json
+    python bench/replay_drafters.py replay                              # results/replay/README.md
+
+A greedy run's text does not depend on the draft, so what a drafter would have proposed, and how
+much of it the target would have kept, can be replayed over the plain output. ``record`` writes,
+for every prompt of the packaged workload (through the chat template), the 1.5B Q4_K_M target's
+greedy output (96 new tokens, 256 for code edits) and the 0.5B Q4_K_M draft's greedy guess of every
+output token given the text before it (one teacher-forced pass): a model draft's proposal at a
+position is kept as far as those guesses match. ``replay`` runs specmac's own drafters and K
+policies (``--k auto``: the model draft's AdaptiveK, the lookup and n-gram bets, the hybrid)
+through those texts on the measured T(n) curves of results/probes_wide, the draft pass at the
+share of a target pass measured in results/workloads* and its prefill at ``--prefill-ms`` a token,
+on a simulated clock. It predicts tokens per second over plain decoding per category; it is not a
+measurement: it leaves out the machine's noise, the loop's own work and the draft's contention with
+the target, and the Q4_K_M target's text stands in for the other targets' (the same weights). It is
+how a change to a drafter is weighed across categories and targets in seconds before a benchmark
+(bench/workloads.py) measures it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
+
+import specmac.core.hybrid as hybrid_module
+from specmac.compare.results import _pyplot, provenance, save_figure, write_json
+from specmac.core.bets import common_prefix
+from specmac.core.drafters import NgramDrafter
+from specmac.core.hybrid import HybridDrafter, HybridPolicy
+from specmac.core.lookup import LookupDrafter
+from specmac.core.loop import Event
+from specmac.core.policy import AdaptiveK
+from specmac.core.sampling import SamplingParams
+
+OUT = Path("results/replay")
+CURVES = Path("results/probes_wide")
+# target -> (probe record, the draft's pass as a share of the target's, measured per drafted token in
+# results/workloads, results/workloads_f16, results/workloads_torch_bf16)
+TARGETS = {"gguf Q4_K_M": ("qwen1.5b-gguf-q4_k_m-n33.json", 0.76),
+           "gguf F16": ("qwen1.5b-gguf-f16-n33.json", 0.27),
+           "torch bf16": ("qwen1.5b-torch-bf16-n33.json", 0.10)}
+DRAFTS = ["model", "ngram", "lookup", "hybrid"]
+GREEDY = SamplingParams(0.0)
+
+
+def record(models_dir: Path, out: Path) -> None:
+    from specmac.api import Pair
+    from specmac.backends import load_backend
+    from specmac.core.prompts import PACKAGED_WORKLOAD, read_prompts
+
+    pair = Pair.load("gguf", "none", target_model=str(models_dir / QWEN_15B_GGUF))
+    draft = load_backend("gguf", str(models_dir / QWEN_05B_GGUF), None, role="draft")
+    texts = []
+    for p in read_prompts(PACKAGED_WORKLOAD, turns="all"):
+        ids = pair.target.encode(pair.target.apply_chat_template(p.get("messages") or p["text"]))
+        n = 256 if p["category"] == "code_editing" else 96
+        output = [int(t) for t in pair.generate(ids, params=GREEDY, k=1, max_tokens=n).token_ids]
+        full, guesses = ids + output, []
+        draft.reset()
+        draft.prefill(full[:len(ids) - 1])
+        for i in range(len(ids) - 1, len(full) - 1, 64):  # guess j: output[j] given ids + output[:j]
+            guesses += [int(t) for t in np.asarray(draft.score(full[i:min(i + 64, len(full) - 1)])).argmax(1)]
+        texts.append({"id": p["id"], "category": p["category"], "prompt": ids, "output": output,
+                      "draft_guess": guesses})
+        print(p["id"], len(ids), len(output), file=sys.stderr, flush=True)
+    write_json(out / "texts.json", {"provenance": provenance(None, [models_dir / QWEN_15B_GGUF,
+                                                                    models_dir / QWEN_05B_GGUF]),
+                                    "texts": texts})
+
+
+class Clock:
+    """The replay's time: what the hybrid reads as perf_counter, advanced by the simulated draft."""
+
+    t = 0.0
+
+    @classmethod
+    def perf_counter(cls) -> float:
+        return cls.t
+
+
+class ReplayedModel:
+    """A model draft over a recorded text: its greedy drafts are kept as far as its recorded guesses
+    match the output; each proposal advances the clock by its passes and its catching up."""
+
+    def __init__(self, text: dict, t_pass: float, prefill: float) -> None:
+        self.text, self.t_pass, self.prefill = text, t_pass, prefill
+        self.seen: list[int] = []
+        self.backend = type("Replayed", (), {"name": "gguf", "n_ctx": 1 << 30})()
+
+    def max_k(self, n_seq: int) -> int:
+        return 1 << 30
+
+    def trim(self, n: int) -> None:
+        del self.seen[n:]
+
+    def propose(self, seq, k, params, rng, n_vocab, noise=None):
+        behind = len(seq) - common_prefix(self.seen, seq, len(seq) - 1)
+        Clock.t += (behind * self.prefill if behind > 1 else self.t_pass) + (k - 1) * self.t_pass
+        out, guess = self.text["output"], self.text["draft_guess"]
+        pos = len(seq) - len(self.text["prompt"])
+        kept = 0
+        while kept < k and pos + kept < len(out) and guess[pos + kept] == out[pos + kept]:
+            kept += 1
+        drafts = out[pos:pos + kept] + guess[pos + kept:pos + kept + 1]
+        drafts += [0] * (k - len(drafts))
+        self.seen = list(seq) + drafts[:-1]
+        return drafts, None
+
+    def info(self) -> dict:
+        return {}
+
+
+def auto(curve: np.ndarray, t_pass: float, horizon: int, k_max: int, n_prompt: int | None,
+         prefill: float) -> AdaptiveK:
+    policy = AdaptiveK(k_max=k_max, horizon=horizon)
+    policy.set_costs(list(curve[1:k_max + 2]), t_pass)
+    if n_prompt:
+        policy.set_prefill(prefill, n_prompt)
+    return policy
+
+
+def replay(draft: str, text: dict, curve: np.ndarray, t_pass: float, prefill: float) -> tuple[float, dict]:
+    """(predicted speedup over plain decoding, steps by source) of one drafter under --k auto."""
+    prompt, out = text["prompt"], text["output"]
+    n = len(out)
+    model = ReplayedModel(text, t_pass, prefill)
+    drafter = None
+    if draft == "model":
+        policy = auto(curve, t_pass, n, 16, len(prompt), prefill)
+    elif draft in ("ngram", "lookup"):
+        policy = auto(curve, 0.0, n, 32, None, prefill)
+        drafter = NgramDrafter() if draft == "ngram" else LookupDrafter()
+        drafter.bets.cost = policy
+    else:
+        drafter = HybridDrafter(LookupDrafter(), model, name="lookup+gguf")
+        policy = HybridPolicy(auto(curve, t_pass, n, 32, len(prompt), prefill), drafter, horizon=n,
+                              prefill_per_token=prefill)
+    if drafter is not None:
+        drafter.trim(0)
+    pos, seconds, sources = 0, 0.0, collections.Counter()
+    while pos < n:
+        seq = prompt + out[:pos]
+        k = max(0, min(policy.next_k(), n - pos - 1))
+        Clock.t = 0.0
+        proposer = model if drafter is None else drafter
+        drafts = proposer.propose(seq, k, GREEDY, None, 1 << 30)[0] if k else []
+        source = ("model" if drafter is None else getattr(drafter, "source", draft)) if drafts else "none"
+        a = common_prefix(out[pos:pos + len(drafts)], drafts, len(drafts))
+        new = out[pos:pos + a + 1]
+        t_draft, t_target = Clock.t, float(curve[len(drafts) + 1])
+        seconds += t_draft + t_target
+        sources[source] += 1
+        policy.update(Event(tokens=new, kinds=["accepted"] * a + ["corrected"], k=k, n_drafted=len(drafts),
+                            n_accepted=a, t_draft=t_draft, t_target=t_target, t_other=0.0, source=source))
+        pos += len(new)
+    return n * float(curve[1]) / seconds, dict(sources)
+
+
+def figure(rows: list[dict], title: str):
+    plt = _pyplot()
+    targets = list(dict.fromkeys(r["target"] for r in rows))
+    cats = list(dict.fromkeys(r["category"] for r in rows))
+    fig, axes = plt.subplots(1, len(targets), figsize=(5 * len(targets), 4), sharey=False)
+    for ax, target in zip(np.atleast_1d(axes), targets):
+        w = 0.8 / len(DRAFTS)
+        for i, d in enumerate(DRAFTS):
+            ys = [next(r["speedup"] for r in rows if r["target"] == target and r["category"] == c
+                       and r["draft"] == d) for c in cats]
+            ax.bar(np.arange(len(cats)) + i * w, ys, w, label=d)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(np.arange(len(cats)) + 0.4, [c.replace("_", "\n") for c in cats], fontsize=7)
+        ax.set_title(target)
+        ax.set_ylabel("predicted speedup over plain")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("step", choices=["record", "replay"])
+    add_models_dir(ap)
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--prefill-ms", type=float, default=5.0,
+                    help="the draft's prefill per token (calibration.prefill_per_token measured 4.7-6.2 ms)")
+    args = ap.parse_args()
+    if args.step == "record":
+        record(args.models_dir, args.out)
+        return
+    hybrid_module.time = Clock  # the hybrid times its model's proposals: on the replay's clock
+    texts = json.loads((args.out / "texts.json").read_text())["texts"]
+    rows = []
+    for target, (probe, share) in TARGETS.items():
+        ms = json.loads((CURVES / probe).read_text())["batched_ms"]
+        curve = np.array([ms[0], *ms], float) / 1e3  # [n] seconds of a pass over n tokens
+        for cat in dict.fromkeys(t["category"] for t in texts):
+            for d in DRAFTS:
+                got = [replay(d, t, curve, share * curve[1], args.prefill_ms / 1e3)
+                       for t in texts if t["category"] == cat]
+                sources = sum((collections.Counter(s) for _, s in got), collections.Counter())
+                rows.append({"target": target, "category": cat, "draft": d, "texts": len(got),
+                             "speedup": float(np.mean([s for s, _ in got])), "sources": dict(sources)})
+    command = "python bench/replay_drafters.py " + " ".join(sys.argv[1:])
+    write_json(args.out / "results.json", {"format": "specmac.bench.replay/1",
+                                           "provenance": provenance(command), "rows": rows})
+    save_figure(figure(rows, "Predicted by replay over recorded greedy texts (K auto)"),
+                args.out / "replay.png")
+    lines = ["# Drafters replayed over recorded greedy texts (a prediction, not a measurement)", "",
+             f"`{command}` (texts: `python bench/replay_drafters.py record`)", "",
+             f"{len(texts)} prompts of the packaged workload; K auto; the draft's prefill "
+             f"{args.prefill_ms:g} ms a token. Mean predicted speedup over plain decoding per category; "
+             "the hybrid's steps by source beside it.", ""]
+    for target in TARGETS:
+        lines += [f"## {target}", "", "| category | " + " | ".join(DRAFTS) + " | hybrid steps |",
+                  "|---|" + "---:|" * len(DRAFTS) + "---|"]
+        for cat in dict.fromkeys(r["category"] for r in rows):
+            here = {r["draft"]: r for r in rows if r["target"] == target and r["category"] == cat}
+            lines.append(f"| {cat} | " + " | ".join(f"{here[d]['speedup']:.2f}\u00d7" for d in DRAFTS)
+                         + " | " + ", ".join(f"{k} {v}" for k, v in here["hybrid"]["sources"].items()) + " |")
+        lines.append("")
+    lines += ["![replay](replay.png)", ""]
+    (args.out / "README.md").write_text("\n".join(lines), "utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
