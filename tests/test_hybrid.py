@@ -121,7 +121,7 @@ def test_prefill_is_paid_back_only_over_what_the_model_would_draft():
     answering = hybrid(prefill=0.02, left=4000)
     answering.tokens = {"lookup": 0, "other": 1000}
     assert answering.choose(2000, 8, 0, "short")[0] == "synthetic"
-    cheap = hybrid(prefill=0.0001, left=4000)  # a prefill cheaper than a target step: no waiting
+    cheap = hybrid(prefill=0.0001, left=4000)  # a prefill cheaper than the wait: no waiting
     assert cheap.choose(2000, 8, 0, "short")[0] == "synthetic"
 
 

@@ -12,7 +12,7 @@ too. Costs come from ``HybridPolicy``: the K policy's measured target curve and 
 ``K_MODEL``), or, with a fixed K, the run's own step times (the target's; until one is timed the
 model, whose prefill cannot yet be weighed, is not started) and the model's passes as they are
 timed; the model's acceptance from what the target kept of its drafts, forgotten slowly, and the
-lookup's from its own bets (how far its short and its sure matches were kept, depth by depth).
+lookup's from its own bets (how far each kind of its matches was kept, depth by depth).
 ``source`` names the choice of the last proposal, so the loop's events (and the run's stats)
 say how often each source drafted.
 """
@@ -137,7 +137,7 @@ class HybridDrafter(Drafter):
     def choose(self, behind: int, k: int, n_lookup: int, lookup_kind: str) -> tuple[str, int]:
         """(source, width) with the most predicted tokens per second: ("lookup", m <= n_lookup),
         (model, K <= k) or ("none", 0); ``behind``: the tokens the model has not seen;
-        ``lookup_kind``: the lookup's kind of match ("sure" or "short", as its bets count them)."""
+        ``lookup_kind``: the lookup's kind of match, as its bets name it (``LookupDrafter.last_kind``)."""
         curve = self.cost.curve() if self.cost is not None else np.ones(K_MAX + 2)
         top = len(curve) - 2
         best = (NONE, 0, 1.0 / curve[1])  # plain decoding
