@@ -1,6 +1,9 @@
 """Replay the drafters' choices over fixed greedy texts: a prediction per category, no model runs.
 
     python bench/replay_drafters.py record --models-dir /work/models   # once: results/replay/texts.json
+    python bench/replay_drafters.py record --target-model M/qwen2.5-coder-1.5b-instruct-f16.gguf --texts texts_f16.json
+    python bench/replay_drafters.py record --target-backend torch --target-opt dtype=bfloat16 \
+        --target-model M/qwen2.5-coder-1.5b-instruct-hf-bf16 --texts texts_torch_bf16.json
     python bench/replay_drafters.py replay                              # results/replay/README.md
 
 A greedy run's text does not depend on the draft, so what a drafter would have proposed, and how
@@ -44,19 +47,22 @@ OUT = Path("results/replay")
 CURVES = Path("results/probes_wide")
 # target -> (probe record, the draft's pass as a share of the target's, measured per drafted token in
 # results/workloads, results/workloads_f16, results/workloads_torch_bf16)
-TARGETS = {"gguf Q4_K_M": ("qwen1.5b-gguf-q4_k_m-n33.json", 0.76),
-           "gguf F16": ("qwen1.5b-gguf-f16-n33.json", 0.27),
-           "torch bf16": ("qwen1.5b-torch-bf16-n33.json", 0.10)}
+# results/replay/texts_<name>.json, where recorded, holds that target's own greedy texts; else the
+# Q4_K_M target's (texts.json) stand in
+TARGETS = {"gguf Q4_K_M": ("qwen1.5b-gguf-q4_k_m-n33.json", 0.76, "texts.json"),
+           "gguf F16": ("qwen1.5b-gguf-f16-n33.json", 0.27, "texts_f16.json"),
+           "torch bf16": ("qwen1.5b-torch-bf16-n33.json", 0.10, "texts_torch_bf16.json")}
 DRAFTS = ["model", "ngram", "lookup", "hybrid"]
 GREEDY = SamplingParams(0.0)
 
 
-def record(models_dir: Path, out: Path) -> None:
+def record(models_dir: Path, out: Path, target_model: Path, backend: str = "gguf",
+           options: dict | None = None) -> None:
     from specmac.api import Pair
     from specmac.backends import load_backend
     from specmac.core.prompts import PACKAGED_WORKLOAD, read_prompts
 
-    pair = Pair.load("gguf", "none", target_model=str(models_dir / QWEN_15B_GGUF))
+    pair = Pair.load(backend, "none", target_model=str(target_model), target_options=options)
     draft = load_backend("gguf", str(models_dir / QWEN_05B_GGUF), None, role="draft")
     texts = []
     for p in read_prompts(PACKAGED_WORKLOAD, turns="all"):
@@ -71,9 +77,8 @@ def record(models_dir: Path, out: Path) -> None:
         texts.append({"id": p["id"], "category": p["category"], "prompt": ids, "output": output,
                       "draft_guess": guesses})
         print(p["id"], len(ids), len(output), file=sys.stderr, flush=True)
-    write_json(out / "texts.json", {"provenance": provenance(None, [models_dir / QWEN_15B_GGUF,
-                                                                    models_dir / QWEN_05B_GGUF]),
-                                    "texts": texts})
+    write_json(out, {"provenance": provenance(None, [target_model, models_dir / QWEN_05B_GGUF]),
+                     "texts": texts})
 
 
 class Clock:
@@ -190,16 +195,26 @@ def main() -> None:
     ap.add_argument("step", choices=["record", "replay"])
     add_models_dir(ap)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--target-model", type=Path, default=None,
+                    help="record: the GGUF target whose texts to record (default the 1.5B Q4_K_M file)")
+    ap.add_argument("--target-backend", default="gguf", help="record: the target's backend (gguf or torch)")
+    ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE",
+                    help="record: a target option (dtype=bfloat16 for the torch folder)")
+    ap.add_argument("--texts", default="texts.json",
+                    help="record: the file under --out to write (texts_f16.json for the F16 target)")
     ap.add_argument("--prefill-ms", type=float, default=5.0,
                     help="the draft's prefill per token (calibration.prefill_per_token measured 4.7-6.2 ms)")
     args = ap.parse_args()
     if args.step == "record":
-        record(args.models_dir, args.out)
+        record(args.models_dir, args.out / args.texts, args.target_model or args.models_dir / QWEN_15B_GGUF,
+               args.target_backend, dict(o.split("=", 1) for o in args.target_opt) or None)
         return
     hybrid_module.time = Clock  # the hybrid times its model's proposals: on the replay's clock
-    texts = json.loads((args.out / "texts.json").read_text())["texts"]
-    rows = []
-    for target, (probe, share) in TARGETS.items():
+    rows, own = [], []
+    for target, (probe, share, name) in TARGETS.items():
+        path = args.out / name if (args.out / name).exists() else args.out / "texts.json"
+        texts = json.loads(path.read_text())["texts"]
+        own.append(f"{target}: {path.name}")
         ms = json.loads((CURVES / probe).read_text())["batched_ms"]
         curve = np.array([ms[0], *ms], float) / 1e3  # [n] seconds of a pass over n tokens
         for cat in dict.fromkeys(t["category"] for t in texts):
@@ -216,7 +231,7 @@ def main() -> None:
                 args.out / "replay.png")
     lines = ["# Drafters replayed over recorded greedy texts (a prediction, not a measurement)", "",
              f"`{command}` (texts: `python bench/replay_drafters.py record`)", "",
-             f"{len(texts)} prompts of the packaged workload; K auto; the draft's prefill "
+             f"{len(texts)} prompts of the packaged workload (texts: {'; '.join(own)}); K auto; the draft's prefill "
              f"{args.prefill_ms:g} ms a token. Mean predicted speedup over plain decoding per category; "
              "the hybrid's steps by source beside it.", ""]
     for target in TARGETS:

@@ -439,22 +439,25 @@ def test_pass_costs_are_kept_between_runs(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "cache"))
     calls = []
     real = calibration.pass_costs
-    monkeypatch.setattr(calibration, "pass_costs", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(calibration, "pass_costs",
+                        lambda *a, **kw: calls.append(kw.get("repeats", 1)) or real(*a, **kw))
     pair = Pair.load("synthetic", "synthetic", target_options={"latency_ms": 1})
     first = adaptive_policy(pair.target, pair.drafter.backend)
     second = adaptive_policy(pair.target, pair.drafter.backend)
-    assert len(calls) == 1 and not first.calibration_cached and second.calibration_cached
+    assert calls == [3] and not first.calibration_cached and second.calibration_cached  # kept: 3 sweeps
     assert np.array_equal(first.prior, second.prior) and first.costs.prior_draft == second.costs.prior_draft
     assert second.info()["calibration_cached"] is True
     other = Pair.load("synthetic", "synthetic", target_options={"latency_ms": 2})
     adaptive_policy(other.target, other.drafter.backend)
     assert len(calls) == 2  # other options: measured, not taken from the first pair's
-    kept = sorted(calibration.costs_dir().glob("*.json"))
-    assert len(kept) == 2 and not list(calibration.costs_dir().glob(".*"))  # no temporary left
+    entries = sorted(calibration.costs_dir().glob("*.json"))
+    kept = [f for f in entries if not f.name.startswith("curve-")]  # a pair's entries, and each target's curve
+    assert len(kept) == 2 and len(entries) == 4 and not list(calibration.costs_dir().glob(".*"))  # no temporary
     for f in kept:
         f.write_text('{"t_target": [1.0')
     third = adaptive_policy(pair.target, pair.drafter.backend)
-    assert len(calls) == 3 and not third.calibration_cached and third.prior is not None
+    # the pair's entry is made again, from the target's kept curve (no new probe)
+    assert len(calls) == 2 and not third.calibration_cached and np.array_equal(third.prior, first.prior)
     def whole(f) -> bool:
         try:
             return len(json.loads(f.read_text())["t_target"]) == 17
@@ -463,9 +466,19 @@ def test_pass_costs_are_kept_between_runs(monkeypatch, tmp_path):
 
     assert [whole(f) for f in kept].count(True) == 1  # this pair's entry, rewritten; the other's not
     assert adaptive_policy(pair.target, pair.drafter.backend).calibration_cached  # rewritten whole
+    # a model draft's entry and a free draft's (another k_max) share the target's curve
+    free = adaptive_policy(pair.target, None, k_max=8)
+    assert len(calls) == 2 and np.array_equal(free.prior[1:10], first.prior[1:10])
+    wide = adaptive_policy(pair.target, None, k_max=32)  # wider than the kept curve: probed again
+    assert calls == [3, 3, 3] and len(json.loads(calibration._curve_path(pair.target).read_text())["t_target"]) == 33
+    for f in calibration.costs_dir().glob("*.json"):
+        f.write_text("{")
+    adaptive_policy(pair.target, pair.drafter.backend)
+    assert len(calls) == 4  # a malformed curve is probed again
     adaptive_policy(pair.target, pair.drafter.backend, cache=False)
-    assert len(calls) == 4
+    assert len(calls) == 5 and calls[-1] == 1  # for this run only: one sweep, the run refines it
+    assert wide.prior is not None
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "file"))  # cannot hold a folder
     unkept = adaptive_policy(pair.target, pair.drafter.backend)
-    assert unkept.prior is not None and not unkept.calibration_cached and len(calls) == 5
+    assert unkept.prior is not None and not unkept.calibration_cached and len(calls) == 6

@@ -143,7 +143,7 @@ def kept(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECMAC_REMEASURE", "0")  # undone after the test (--remeasure sets it)
     assert "measured before the first token, kept for later runs" in _costs_line(invoke(AUTO))
     assert "kept from an earlier run" in _costs_line(invoke(AUTO))
-    (path,) = (f for f in calibration.costs_dir().glob("*.json") if not f.name.startswith("prefill-"))
+    (path,) = (f for f in calibration.costs_dir().glob("*.json") if not f.name.startswith(("prefill-", "curve-")))
     return path, json.loads(path.read_text())
 
 
@@ -172,6 +172,20 @@ def test_a_kept_entry_that_lies_is_measured_again(kept, how, why):
     assert "kept from an earlier run" in _costs_line(invoke(AUTO))
 
 
+@pytest.mark.parametrize("how", ["nan", "x1000", "strings"])
+def test_a_kept_curve_that_lies_is_measured_again(kept, how):
+    """The target's kept curve, which a pair's entry is made from, faces the same checks."""
+    path, entry = kept
+    (curve,) = path.parent.glob("curve-*.json")
+    curve.write_text(json.dumps(_damage(json.loads(curve.read_text()), how)))
+    path.write_text("{")  # the pair's entry is made again, from the curve
+    line = _costs_line(invoke(AUTO))
+    assert "re-measured because" in line and "kept for later runs" in line, line
+    assert ("the target's curve re-measured because" in line) == (how == "x1000"), line
+    again = json.loads(curve.read_text())["t_target"]
+    assert all(0 < x < 1 for x in again) and json.loads(path.read_text())["t_target"] == again[:len(entry["t_target"])]
+
+
 def test_a_kept_entry_the_run_contradicts_is_dropped(kept):
     """T(1) right (it passes the fresh check), the wider passes 10x too cheap: the run drafts wide,
     its own passes disagree, and the entry goes."""
@@ -181,7 +195,7 @@ def test_a_kept_entry_the_run_contradicts_is_dropped(kept):
     line = _costs_line(invoke(AUTO))
     assert "kept from an earlier run" in line and "the kept costs (median of 4): the kept entry is dropped" \
         in line, line
-    assert not path.exists()
+    assert not path.exists() and not list(path.parent.glob("curve-*.json"))  # the curve it came from too
 
 
 def test_remeasure_flag_and_variable(kept, monkeypatch):

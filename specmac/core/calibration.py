@@ -3,7 +3,9 @@
 A short probe times the target's pass at every width K can take and the draft's one-token pass
 (milliseconds on the embedded pair, seconds on a 1.5B model), so the adaptive policy spends no
 step exploring costs; acceptance is then learnt from the run. The costs are kept per machine,
-target, draft and options (``cached_pass_costs``), so only a pair's first run pays the probe. Part
+target, draft and options (``cached_pass_costs``), so only a pair's first run pays the probe, and
+the target's curve, timed in three sweeps, once per machine and target for every draft in front of
+it (``kept_curve``), so a lookup, a model draft and a hybrid start from the same costs. Part
 of the API layer: ``Pair`` resolves ``k="auto"`` with it.
 """
 
@@ -35,9 +37,10 @@ def pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
     Every width is timed: llama.cpp switches kernels with the batch size, so T(n) has dips
     that interpolation would miss (results/probes). The first two timings
     warm buffers and kernels up; T(1), every S(K)'s yardstick, is the median of three (or of
-    ``repeats`` + 2), every other width the median of ``repeats`` sweeps (1 before ``k="auto"``'s
-    first token, where the run's own steps refine the curve; advise, which has no run, takes 3 so
-    that one preempted pass does not make a width look slow).
+    ``repeats`` + 2), every other width the median of ``repeats`` sweeps: 3 where the costs are
+    kept for later runs (``kept_pass_costs``) and by advise, which has no run, so that one
+    preempted pass does not make a width look slow or fast for every run after; 1 where they are
+    measured for one run only (``cache=False``), whose own steps refine the curve.
     """
     if repeats < 1:
         raise ValueError(f"repeats {repeats} is out of range: use 1 or more")
@@ -52,9 +55,13 @@ def pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
             times.setdefault(n, []).append(timed(target, lambda n=n: target.score(ids[context:context + n])))
     finally:
         target.reset()
-    t_draft = time_single(draft, context=context, repeats=3, warmup=1)["median_ms"] / 1e3 if draft else 0.0
     return ([float(np.median(times[1][-(repeats + 2):]))] +
-            [float(np.median(times[w][-repeats:])) for w in widths[1:]], t_draft)
+            [float(np.median(times[w][-repeats:])) for w in widths[1:]], draft_pass(draft, context))
+
+
+def draft_pass(draft: BaseBackend | None, context: int = 16) -> float:
+    """T_d(1), seconds: the median of three one-token passes of the draft (0 without a draft model)."""
+    return time_single(draft, context=context, repeats=3, warmup=1)["median_ms"] / 1e3 if draft else 0.0
 
 
 def prefill_per_token(backend: BaseBackend, n: int = 32) -> float:
@@ -109,6 +116,10 @@ def _identity(backend: BaseBackend | None) -> dict | None:
     return info
 
 
+# sweeps of every width in a measurement that is kept: one sweep's T(n)/T(1) was off by 10-25% at some
+# widths on the 1.5B F16 and Q4_K_M targets (kept entries of bench/workloads.py runs against
+# results/probes_wide), and a kept curve steers every later run's K
+KEPT_REPEATS = 3
 PLAUSIBLE = 3.0  # a kept T(1) within this factor of a fresh one-token pass (either way) is believed
 DISAGREE = 3.0  # the run's own passes at one width this far from the kept cost (either way): dropped
 MIN_SEEN = 4  # passes at a width before the run's median is set against the kept cost
@@ -124,6 +135,7 @@ class Costs:
     cached: bool
     note: str
     path: Path | None = None  # the kept entry these costs are (or would have been) kept in
+    curve_path: Path | None = None  # the target's kept curve, which every draft's entry is made from
 
 
 def _ms(seconds: float) -> str:
@@ -171,6 +183,48 @@ def _read_kept(path: Path, k_max: int) -> tuple[list[float], float] | str:
     return t_target, t_draft
 
 
+def _key(ident: dict) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _curve_identity(target: BaseBackend) -> dict:
+    return {"target": _identity(target), "host": platform.node(), "cpus": os.cpu_count()}
+
+
+def _curve_path(target: BaseBackend) -> Path:
+    return costs_dir() / f"curve-{_key(_curve_identity(target))}.json"
+
+
+def kept_curve(target: BaseBackend, k_max: int, remeasure: bool = False) -> tuple[list[float], Path, str]:
+    """(T_t(n) for n = 1..k_max + 1, where it is kept, "" or why it was measured again): the
+    target's curve, measured in ``KEPT_REPEATS`` sweeps once per machine and target and shared by
+    every draft's entry, so a lookup, a model draft and a hybrid in front of one target start from
+    the same costs (and the probe is paid once). A kept curve narrower than k_max + 1 is measured
+    again at the wider width; one whose T(1) is not within ``PLAUSIBLE`` of a fresh pass, too."""
+    ident = _curve_identity(target)
+    path = _curve_path(target)
+    width, why = k_max, ""
+    if not remeasure:
+        try:
+            kept = [float(x) for x in json.loads(path.read_text("utf-8"))["t_target"]]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            kept = []
+        if kept and all(math.isfinite(x) and x > 0 for x in kept):
+            width = max(k_max, len(kept) - 1)  # measured again, it stays as wide as it was
+            if len(kept) >= k_max + 1:
+                now = fresh_t1(target)
+                ratio = kept[0] / now
+                if not (ratio > PLAUSIBLE or ratio < 1 / PLAUSIBLE) or abs(kept[0] - now) <= FLOOR_S:
+                    return kept[:k_max + 1], path, ""
+                why = f"the kept curve's T(1) {_ms(kept[0])} is {_x(ratio)} a fresh one-token pass ({_ms(now)})"
+    curve, _ = pass_costs(target, None, width, repeats=KEPT_REPEATS)
+    try:
+        write_json(path, {"t_target": curve, "measured": time.time(), "identity": ident})
+    except OSError:
+        pass  # the pair's entry says whether the cache can be written
+    return curve[:k_max + 1], path, why
+
+
 def kept_pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
                     remeasure: bool | None = None) -> Costs:
     """``pass_costs`` for this machine, target and draft, measured once and kept (``costs_dir``).
@@ -179,13 +233,13 @@ def kept_pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
     only if it holds finite positive times and its T(1) is within ``PLAUSIBLE`` of a fresh one-token
     pass taken now (one pass; a machine busy then or now, or an entry edited by hand, fails this);
     otherwise, or when ``remeasure`` (default ``remeasure_asked()``), the costs are measured again
-    and rewritten whole. One that cannot be written is only not kept. ``Costs.note`` says which."""
+    and rewritten whole. The target's curve comes from ``kept_curve`` (shared by every draft in
+    front of that target, measured in ``KEPT_REPEATS`` sweeps), the draft's pass is timed now. One that cannot be written is only not kept. ``Costs.note`` says which."""
     ident = {"target": _identity(target), "draft": _identity(draft), "k_max": k_max,
              "host": platform.node(), "cpus": os.cpu_count()}
-    key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    path = costs_dir() / f"{key}.json"
-    why = "as asked (--remeasure or SPECMAC_REMEASURE=1)" if (
-        remeasure_asked() if remeasure is None else remeasure) else ""
+    path = costs_dir() / f"{_key(ident)}.json"
+    asked = remeasure_asked() if remeasure is None else remeasure
+    why = "as asked (--remeasure or SPECMAC_REMEASURE=1)" if asked else ""
     if not why:
         kept = _read_kept(path, k_max)
         if isinstance(kept, str):
@@ -198,16 +252,19 @@ def kept_pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
                        f"({_ms(now)}; believed within {PLAUSIBLE:g}x)")
             else:
                 return Costs(kept[0], kept[1], True, f"kept from an earlier run (T(1) {_ms(kept[0][0])}, "
-                             f"a fresh pass {_ms(now)})", path)
-    t_target, t_draft = pass_costs(target, draft, k_max)
+                             f"a fresh pass {_ms(now)})", path, _curve_path(target))
+    t_target, curve_path, curve_why = kept_curve(target, k_max, remeasure=asked)
+    t_draft = draft_pass(draft)
     done = f"re-measured {why}" if why else "measured before the first token"
+    if curve_why:
+        done += f" (the target's curve re-measured because {curve_why})"
     try:
         write_json(path, {"t_target": t_target, "t_draft": t_draft, "measured": time.time(),
                           "identity": ident})
     except OSError as e:
         return Costs(t_target, t_draft, False, f"{done}; could not keep: {e.strerror or e} "
                      f"({e.filename or path})", None)
-    return Costs(t_target, t_draft, False, f"{done}, kept for later runs", path)
+    return Costs(t_target, t_draft, False, f"{done}, kept for later runs", path, curve_path)
 
 
 def cached_pass_costs(target: BaseBackend, draft: BaseBackend | None,
@@ -240,6 +297,8 @@ class CheckedK(AdaptiveK):
         if len(self._ratios) >= MIN_SEEN and (ratio > DISAGREE or ratio < 1 / DISAGREE):
             try:
                 kept.path.unlink(missing_ok=True)
+                if kept.curve_path is not None:  # else the next run's entry would be made from it again
+                    kept.curve_path.unlink(missing_ok=True)
                 after = "the kept entry is dropped: the next run measures again"
             except OSError as e:
                 after = f"could not drop the kept entry ({e.strerror})"
