@@ -1,7 +1,8 @@
 """Replay the drafters' choices over fixed greedy texts: a prediction per category, no model runs.
 
     python bench/replay_drafters.py record --models-dir /work/models   # once: results/replay/texts.json
-    python bench/replay_drafters.py record --target-model M/qwen2.5-coder-1.5b-instruct-f16.gguf --texts texts_f16.json
+    python bench/replay_drafters.py record --target-model M/qwen2.5-coder-1.5b-instruct-f16.gguf \
+        --texts texts_f16.json
     python bench/replay_drafters.py record --target-backend torch --target-opt dtype=bfloat16 \
         --target-model M/qwen2.5-coder-1.5b-instruct-hf-bf16 --texts texts_torch_bf16.json
     python bench/replay_drafters.py replay                              # results/replay/README.md
@@ -231,9 +232,9 @@ def main() -> None:
                 args.out / "replay.png")
     lines = ["# Drafters replayed over recorded greedy texts (a prediction, not a measurement)", "",
              f"`{command}` (texts: `python bench/replay_drafters.py record`)", "",
-             f"{len(texts)} prompts of the packaged workload (texts: {'; '.join(own)}); K auto; the draft's prefill "
-             f"{args.prefill_ms:g} ms a token. Mean predicted speedup over plain decoding per category; "
-             "the hybrid's steps by source beside it.", ""]
+             f"{len(texts)} prompts of the packaged workload (texts: {'; '.join(own)}); K auto; the "
+             f"draft's prefill {args.prefill_ms:g} ms a token. Mean predicted speedup over plain decoding "
+             "per category; the hybrid's steps by source beside it.", ""]
     for target in TARGETS:
         lines += [f"## {target}", "", "| category | " + " | ".join(DRAFTS) + " | hybrid steps |",
                   "|---|" + "---:|" * len(DRAFTS) + "---|"]

@@ -451,8 +451,9 @@ def test_pass_costs_are_kept_between_runs(monkeypatch, tmp_path):
     adaptive_policy(other.target, other.drafter.backend)
     assert len(calls) == 2  # other options: measured, not taken from the first pair's
     entries = sorted(calibration.costs_dir().glob("*.json"))
-    kept = [f for f in entries if not f.name.startswith("curve-")]  # a pair's entries, and each target's curve
-    assert len(kept) == 2 and len(entries) == 4 and not list(calibration.costs_dir().glob(".*"))  # no temporary
+    kept = [f for f in entries if not f.name.startswith("curve-")]  # each pair's entry; each target's curve
+    assert len(kept) == 2 and len(entries) == 4
+    assert not list(calibration.costs_dir().glob(".*"))  # no temporary left
     for f in kept:
         f.write_text('{"t_target": [1.0')
     third = adaptive_policy(pair.target, pair.drafter.backend)
@@ -470,7 +471,8 @@ def test_pass_costs_are_kept_between_runs(monkeypatch, tmp_path):
     free = adaptive_policy(pair.target, None, k_max=8)
     assert len(calls) == 2 and np.array_equal(free.prior[1:10], first.prior[1:10])
     wide = adaptive_policy(pair.target, None, k_max=32)  # wider than the kept curve: probed again
-    assert calls == [3, 3, 3] and len(json.loads(calibration._curve_path(pair.target).read_text())["t_target"]) == 33
+    assert calls == [3, 3, 3]
+    assert len(json.loads(calibration._curve_path(pair.target).read_text())["t_target"]) == 33
     for f in calibration.costs_dir().glob("*.json"):
         f.write_text("{")
     adaptive_policy(pair.target, pair.drafter.backend)

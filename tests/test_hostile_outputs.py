@@ -143,7 +143,8 @@ def kept(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECMAC_REMEASURE", "0")  # undone after the test (--remeasure sets it)
     assert "measured before the first token, kept for later runs" in _costs_line(invoke(AUTO))
     assert "kept from an earlier run" in _costs_line(invoke(AUTO))
-    (path,) = (f for f in calibration.costs_dir().glob("*.json") if not f.name.startswith(("prefill-", "curve-")))
+    (path,) = (f for f in calibration.costs_dir().glob("*.json")
+               if not f.name.startswith(("prefill-", "curve-")))
     return path, json.loads(path.read_text())
 
 
@@ -183,7 +184,8 @@ def test_a_kept_curve_that_lies_is_measured_again(kept, how):
     assert "re-measured because" in line and "kept for later runs" in line, line
     assert ("the target's curve re-measured because" in line) == (how == "x1000"), line
     again = json.loads(curve.read_text())["t_target"]
-    assert all(0 < x < 1 for x in again) and json.loads(path.read_text())["t_target"] == again[:len(entry["t_target"])]
+    assert all(0 < x < 1 for x in again)
+    assert json.loads(path.read_text())["t_target"] == again[:len(entry["t_target"])]
 
 
 def test_a_kept_entry_the_run_contradicts_is_dropped(kept):

@@ -183,6 +183,12 @@ def _read_kept(path: Path, k_max: int) -> tuple[list[float], float] | str:
     return t_target, t_draft
 
 
+def _believed(kept_t1: float, now: float) -> bool:
+    """Is a kept T(1) within ``PLAUSIBLE`` of a fresh one-token pass (or within timer noise of it)?"""
+    ratio = kept_t1 / now
+    return 1 / PLAUSIBLE <= ratio <= PLAUSIBLE or abs(kept_t1 - now) <= FLOOR_S
+
+
 def _key(ident: dict) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -213,10 +219,10 @@ def kept_curve(target: BaseBackend, k_max: int, remeasure: bool = False) -> tupl
             width = max(k_max, len(kept) - 1)  # measured again, it stays as wide as it was
             if len(kept) >= k_max + 1:
                 now = fresh_t1(target)
-                ratio = kept[0] / now
-                if not (ratio > PLAUSIBLE or ratio < 1 / PLAUSIBLE) or abs(kept[0] - now) <= FLOOR_S:
+                if _believed(kept[0], now):
                     return kept[:k_max + 1], path, ""
-                why = f"the kept curve's T(1) {_ms(kept[0])} is {_x(ratio)} a fresh one-token pass ({_ms(now)})"
+                why = (f"the kept curve's T(1) {_ms(kept[0])} is {_x(kept[0] / now)} a fresh one-token pass "
+                       f"({_ms(now)})")
     curve, _ = pass_costs(target, None, width, repeats=KEPT_REPEATS)
     try:
         write_json(path, {"t_target": curve, "measured": time.time(), "identity": ident})
@@ -233,8 +239,9 @@ def kept_pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
     only if it holds finite positive times and its T(1) is within ``PLAUSIBLE`` of a fresh one-token
     pass taken now (one pass; a machine busy then or now, or an entry edited by hand, fails this);
     otherwise, or when ``remeasure`` (default ``remeasure_asked()``), the costs are measured again
-    and rewritten whole. The target's curve comes from ``kept_curve`` (shared by every draft in
-    front of that target, measured in ``KEPT_REPEATS`` sweeps), the draft's pass is timed now. One that cannot be written is only not kept. ``Costs.note`` says which."""
+    and rewritten whole: the target's curve from ``kept_curve`` (shared by every draft in front of
+    that target, measured in ``KEPT_REPEATS`` sweeps), the draft's pass timed now. One that cannot
+    be written is only not kept. ``Costs.note`` says which."""
     ident = {"target": _identity(target), "draft": _identity(draft), "k_max": k_max,
              "host": platform.node(), "cpus": os.cpu_count()}
     path = costs_dir() / f"{_key(ident)}.json"
@@ -247,7 +254,7 @@ def kept_pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
         else:
             now = fresh_t1(target)
             ratio = kept[0][0] / now
-            if (ratio > PLAUSIBLE or ratio < 1 / PLAUSIBLE) and abs(kept[0][0] - now) > FLOOR_S:
+            if not _believed(kept[0][0], now):
                 why = (f"because the kept T(1) {_ms(kept[0][0])} is {_x(ratio)} a fresh one-token pass "
                        f"({_ms(now)}; believed within {PLAUSIBLE:g}x)")
             else:

@@ -189,9 +189,9 @@ class LookupDrafter(Drafter):
         return drafts, (None if params.greedy else OneHotRows(drafts, n_vocab))
 
     def info(self) -> dict:
-        return {"drafter": self.name, "weak_match": self.weak_match, "min_match": self.min_match, "max_match": self.max_match,
-                "agree": self.agree, "sure_match": self.sure_match, "min_accept": self.min_accept,
-                **self.bets.info()}
+        return {"drafter": self.name, "weak_match": self.weak_match, "min_match": self.min_match,
+                "max_match": self.max_match, "agree": self.agree, "sure_match": self.sure_match,
+                "min_accept": self.min_accept, **self.bets.info()}
 
 
 FACTORIES["lookup"] = LookupDrafter
