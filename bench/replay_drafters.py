@@ -18,7 +18,8 @@ through those texts on the measured T(n) curves of results/probes_wide, the draf
 share of a target pass measured in results/workloads* and its prefill at ``--prefill-ms`` a token,
 on a simulated clock. It predicts tokens per second over plain decoding per category; it is not a
 measurement: it leaves out the machine's noise, the loop's own work and the draft's contention with
-the target, and the Q4_K_M target's text stands in for the other targets' (the same weights). It is
+the target (each target replays its own texts where recorded, ``TARGETS``; else the Q4_K_M
+target's stand in). It is
 how a change to a drafter is weighed across categories and targets in seconds before a benchmark
 (bench/workloads.py) measures it.
 """
@@ -197,7 +198,7 @@ def main() -> None:
     add_models_dir(ap)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--target-model", type=Path, default=None,
-                    help="record: the GGUF target whose texts to record (default the 1.5B Q4_K_M file)")
+                    help="record: the target whose texts to record (default the 1.5B Q4_K_M file)")
     ap.add_argument("--target-backend", default="gguf", help="record: the target's backend (gguf or torch)")
     ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE",
                     help="record: a target option (dtype=bfloat16 for the torch folder)")

@@ -193,12 +193,10 @@ def _key(ident: dict) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def _curve_identity(target: BaseBackend) -> dict:
-    return {"target": _identity(target), "host": platform.node(), "cpus": os.cpu_count()}
-
-
-def _curve_path(target: BaseBackend) -> Path:
-    return costs_dir() / f"curve-{_key(_curve_identity(target))}.json"
+def _curve_entry(target: BaseBackend) -> tuple[dict, Path]:
+    """(what the target's curve depends on, where it is kept)."""
+    ident = {"target": _identity(target), "host": platform.node(), "cpus": os.cpu_count()}
+    return ident, costs_dir() / f"curve-{_key(ident)}.json"
 
 
 def kept_curve(target: BaseBackend, k_max: int, remeasure: bool = False) -> tuple[list[float], Path, str]:
@@ -207,8 +205,7 @@ def kept_curve(target: BaseBackend, k_max: int, remeasure: bool = False) -> tupl
     every draft's entry, so a lookup, a model draft and a hybrid in front of one target start from
     the same costs (and the probe is paid once). A kept curve narrower than k_max + 1 is measured
     again at the wider width; one whose T(1) is not within ``PLAUSIBLE`` of a fresh pass, too."""
-    ident = _curve_identity(target)
-    path = _curve_path(target)
+    ident, path = _curve_entry(target)
     width, why = k_max, ""
     if not remeasure:
         try:
@@ -259,7 +256,7 @@ def kept_pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
                        f"({_ms(now)}; believed within {PLAUSIBLE:g}x)")
             else:
                 return Costs(kept[0], kept[1], True, f"kept from an earlier run (T(1) {_ms(kept[0][0])}, "
-                             f"a fresh pass {_ms(now)})", path, _curve_path(target))
+                             f"a fresh pass {_ms(now)})", path, _curve_entry(target)[1])
     t_target, curve_path, curve_why = kept_curve(target, k_max, remeasure=asked)
     t_draft = draft_pass(draft)
     done = f"re-measured {why}" if why else "measured before the first token"
