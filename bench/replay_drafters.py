@@ -110,7 +110,9 @@ class ReplayedModel:
 
     def propose(self, seq, k, params, rng, n_vocab, noise=None):
         behind = len(seq) - common_prefix(self.seen, seq, len(seq) - 1)
-        Clock.t += (behind * self.prefill if behind > 1 else self.t_pass) + (k - 1) * self.t_pass
+        # the first pass feeds what the draft has not seen (a catch-up: 2 tokens, a prompt: all): no
+        # cheaper than a one-token pass
+        Clock.t += max(behind * self.prefill, self.t_pass) + (k - 1) * self.t_pass
         out, guess = self.text["output"], self.text["draft_guess"]
         pos = len(seq) - len(self.text["prompt"])
         kept = 0

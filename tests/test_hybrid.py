@@ -12,7 +12,7 @@ from specmac.core.costs import K_MAX
 from specmac.core.drafters import ModelDrafter, split_hybrid
 from specmac.core.hybrid import HybridDrafter, HybridPolicy
 from specmac.core.lookup import LookupDrafter
-from specmac.core.policy import FixedK
+from specmac.core.policy import AdaptiveK, FixedK
 from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption
 from tests.conftest import skip_unless_installed
@@ -143,6 +143,25 @@ def test_model_steps_are_predicted_from_the_posterior_not_the_point_estimate():
     assert h.expected_model(ks) == pytest.approx(want, rel=1e-4)
     point = np.array([np.sum(0.7 ** np.arange(k + 1)) for k in ks])
     assert np.all(h.expected_model(ks)[3:] > point[3:] + 0.05)  # the tail of a draft kept in runs
+
+
+@pytest.mark.parametrize("beta,td", [(0.0, 0.1), (0.1, 0.1), (0.05, 0.3), (0.6, 0.05)])
+def test_a_model_step_is_chosen_as_the_model_drafts_own_policy_chooses_it(beta, td):
+    """Where the lookup has nothing, the hybrid's model steps are the model draft's: the same K as
+    AdaptiveK for the same acceptance counts and costs (the same prior, a catch-up pass with the
+    chance that all K are kept), so the hybrid is not wider or narrower than the model draft alone."""
+    h = hybrid(beta=beta, td=td)
+    policy = AdaptiveK(k_max=16)
+    policy.set_costs(list(h.cost.curve()[1:18]), td)
+    assert h.acc["model"] == pytest.approx([policy.acc, policy.trials])  # the same prior
+    seen = set()
+    for acc, trials in [(2, 4), (9, 10), (30, 31), (60, 61), (19, 20), (5, 12), (40, 48)]:
+        h.acc["model"] = [float(acc), float(trials)]
+        policy.acc, policy.trials = float(acc), float(trials)
+        want = policy._best()
+        assert h.choose(1, 16, 0, "short") == (("synthetic", want) if want else ("none", 0)), (acc, trials)
+        seen.add(want)
+    assert len(seen) >= 3  # the grid spans narrow and wide choices
 
 
 def test_tokens_are_counted_by_the_source_that_wrote_them():

@@ -160,6 +160,18 @@ def posterior_moments(accepted: float, rejected: float, k_max: int) -> np.ndarra
     return np.concatenate([[1.0], np.cumprod((a + i) / (a + b + i))])
 
 
+def model_steps(accepted: float, trials: float, ks: np.ndarray,
+                t_draft1: float) -> tuple[np.ndarray, np.ndarray]:
+    """(E(K), the draft's seconds) of a model step drafting K, for each K in ``ks`` (ascending):
+    E(K) = sum_{j<=K} E[alpha^j] under alpha ~ Beta(accepted, trials - accepted)
+    (``posterior_moments``), and K passes of the draft plus, with the chance E[alpha^K] that all K
+    are kept, a pass catching it up on its last draft and the target's token. The one prediction
+    of a model step: the model draft's K policy (``AdaptiveK``) and a hybrid's model source
+    (``HybridDrafter``) weigh the same step alike."""
+    m = posterior_moments(accepted, trials - accepted, int(ks[-1]))
+    return np.cumsum(m)[ks], (ks + m[ks]) * t_draft1
+
+
 def fit_beta(n: Sequence[int], t: Sequence[float]) -> tuple[float, float]:
     """Fit T(n) = T1 * (1 + beta * (n - 1)); returns (T1, beta).
 

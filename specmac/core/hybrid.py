@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from specmac.core.costs import K_MAX, K_MODEL, posterior_moments
+from specmac.core.costs import K_MAX, K_MODEL, model_steps
 from specmac.core.drafters import (
     FACTORIES,
     HYBRID,
@@ -49,7 +49,7 @@ class HybridDrafter(Drafter):
     explore = 3
 
     def __init__(self, lookup: LookupDrafter, model: ModelDrafter, name: str = "lookup+model",
-                 decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 2.0) -> None:
+                 decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 4.0) -> None:
         self.lookup, self.model, self.label = lookup, model, name
         self.backend = model.backend
         self.model_source = model.backend.name
@@ -99,12 +99,16 @@ class HybridDrafter(Drafter):
             acc[1] = self.decay * acc[1] + a + rejected
         self._pending = []
 
-    def expected_model(self, ks: np.ndarray) -> np.ndarray:
-        """E(K) of a model step with K drafts: sum_j E[alpha^j] under the Beta posterior of the
-        model's acceptance (as the model's own K policy predicts it, ``AdaptiveK``), whose heavier
-        tail than alpha^j at the point estimate follows a draft that is kept in runs."""
+    def model_steps(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(E(K), the draft's seconds) of a model step with K drafts, predicted as the model's own K
+        policy predicts them (``specmac.core.costs.model_steps``, as ``AdaptiveK``): E(K) under the
+        Beta posterior of the model's acceptance, whose heavier tail than alpha^j at the point
+        estimate follows a draft that is kept in runs, and K passes plus the chance of a catch-up."""
         a, n = self.acc["model"]
-        return np.cumsum(posterior_moments(a, n - a, int(ks.max())))[ks]
+        return model_steps(a, n, ks, self.t_draft1())
+
+    def expected_model(self, ks: np.ndarray) -> np.ndarray:
+        return self.model_steps(ks)[0]
 
     # --- the choice ---------------------------------------------------------------------------
     def t_draft1(self) -> float:
@@ -153,8 +157,7 @@ class HybridDrafter(Drafter):
         if k and (self.cost is None or self.cost.timed()) and not self._hold(behind, curve[1]):
             adaptive = self.cost is not None and self.cost.adaptive
             ks = np.arange(1, min(k, top, K_MODEL) + 1) if adaptive else np.array([k])
-            e = self.expected_model(ks)
-            td = self.t_draft1()
+            e, draft = self.model_steps(ks)
             width = curve[np.minimum(ks + 1, top + 1)]
             # the model's prefill of what it has not seen, spread over the tokens left that the model
             # can expect to draft for (per step: e of them)
@@ -163,12 +166,12 @@ class HybridDrafter(Drafter):
                 left = max(left * self.model_share(), 1.0)
             prefill = self.cost.prefill_s(behind) if self.cost is not None else 0.0
             share = e * prefill / left if left else 0.0
-            rate = e / (ks * td + width + share)
+            rate = e / (draft + width + share)
             i = int(np.argmax(rate))
             if rate[i] > best[2]:
                 best = (self.model_source, int(ks[i]), float(rate[i]))
             elif left and prefill and not self.model_started and not self.k_choice:
-                free = float(np.max(e / (ks * td + width)))  # the model's rate were its prefill free
+                free = float(np.max(e / (draft + width)))  # the model's rate were its prefill free
                 if free > best[2]:
                     saving = left / best[2] - left / free
                     self.k_choice = (f"model draft not explored: its prefill of {behind} tokens \u2248 "

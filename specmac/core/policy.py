@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from specmac.core.costs import K_MAX, K_MODEL, posterior_moments
+from specmac.core.costs import K_MAX, K_MODEL, model_steps
 from specmac.core.estimate import CostEstimator
 
 K_DEFAULT = 4  # drafts per step unless told otherwise
@@ -153,13 +153,13 @@ class AdaptiveK:
         ks = np.arange(1, self.k_max + 1)
         if optimistic:
             m = self.alpha_high() ** np.arange(self.k_max + 1.0)
+            e, draft = np.cumsum(m)[ks], (ks + m[ks]) * self.t_draft1()
         else:
-            m = posterior_moments(self.acc, self.trials - self.acc, self.k_max)
-        e = np.cumsum(m)[ks]
+            e, draft = model_steps(self.acc, self.trials, ks, self.t_draft1())
         # the draft's prefill, spread over the tokens left (a step writes e of them)
         left = max(self.horizon - self.n_out, 1) if self.horizon else 0
         share = self.prefill_s() / left if left else 0.0
-        return e * curve[1] / ((ks + m[ks]) * self.t_draft1() + curve[ks + 1] + e * share)
+        return e * curve[1] / (draft + curve[ks + 1] + e * share)
 
     def _best(self) -> int:
         """argmax S(K) where the posterior expects that K to pay (or always, with ``k_min`` 1).
