@@ -127,8 +127,9 @@ def _hf_assisted(target, draft, dname: str, prompts, params, max_tokens) -> list
 
 
 def _prompt_lookup(path: Path, prompts, params, max_tokens, ks) -> list[dict]:
-    from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from specmac.backends.gguf_files import peer_llama as Llama  # extra buffer types off on AMX builds
 
     kw = {"temperature": params.temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
     out = []

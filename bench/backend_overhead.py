@@ -65,7 +65,7 @@ def specmac_loop(b: BaseBackend) -> Loop:
 
 
 def gguf_loop(b: BaseBackend) -> tuple[str, Loop]:
-    from llama_cpp import Llama
+    from specmac.backends.gguf_files import peer_llama as Llama  # extra buffer types off on AMX builds
 
     r = b.resolved
     llm = Llama(r["path"], n_ctx=r["n_ctx"], n_batch=r["n_batch"], n_ubatch=r["n_ubatch"],

@@ -72,7 +72,7 @@ def speculative_peer(example: Path, target: Path, draft: Path, prompts: list[dic
                      max_tokens: int, ks: list[int]) -> list[dict]:
     """One row per K: the example's tokens/s beside llama-cpp-python's plain decoding of ``target``,
     alternating on every prompt."""
-    from llama_cpp import Llama
+    from specmac.backends.gguf_files import peer_llama as Llama  # extra buffer types off on AMX builds
 
     plain = Llama(str(target), n_ctx=2048, n_threads=2, verbose=False)
     kw = {"temperature": params.temperature, "top_k": params.top_k or 0, "top_p": params.top_p,

@@ -59,14 +59,15 @@ class LlamaGenerate:
     ``num_pred_tokens`` (None: plain greedy decoding). 2 threads, as specmac's gguf backend here."""
 
     def __init__(self, path: Path, lookup: int | None, n_ctx: int = 2048, n_threads: int = 2) -> None:
-        import llama_cpp
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        from specmac.backends.gguf_files import peer_llama  # extra buffer types off on AMX builds
 
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup) if lookup else None
         # its draft path reads every position's logits: without logits_all a prompt longer than
         # n_batch overruns the scores array (ValueError in Llama.eval)
-        self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                                   draft_model=draft, logits_all=draft is not None, verbose=False)
+        self.llm = peer_llama(path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                              draft_model=draft, logits_all=draft is not None, verbose=False)
 
     def __call__(self, text: str, max_tokens: int) -> dict:
         self.llm.reset()  # no prefix reuse: every decoder pays for the whole prompt

@@ -178,3 +178,18 @@ def test_q8_0_and_f16_agree_on_argmax(gguf):
     assert f16.shape == q8.shape
     assert (f16.argmax(-1) == q8.argmax(-1)).mean() >= 0.9
     assert f16[-1].argmax() == q8[-1].argmax()
+
+
+@pytest.mark.parametrize("safe", [False, True])
+def test_the_peers_llama_takes_extra_buffer_types_as_auto_does(monkeypatch, safe):
+    """llama-cpp-python's own Llama (the benchmarks' peer, tests/test_assets.py) built through
+    peer_llama: extra buffer types as specmac's auto chooses them (off on an AMX build, where a
+    Q8_0 or Q4_K_M load with them crashes the process), and llama.cpp's defaults left as they were."""
+    from specmac.backends import gguf_files
+
+    monkeypatch.setattr(gguf_files, "extra_bufts_safe", lambda: safe)
+    defaults = llama_cpp.llama_cpp.llama_model_default_params
+    llm = gguf_files.peer_llama(model_path("q8_0"), vocab_only=True, verbose=False)
+    assert llm.model_params.use_extra_bufts is safe
+    assert llama_cpp.llama_cpp.llama_model_default_params is defaults
+    assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts  # llama.cpp's default: on

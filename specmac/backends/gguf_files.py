@@ -195,6 +195,30 @@ def extra_bufts_safe() -> bool:
     return "AMX_INT8 = 1" not in llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
+def peer_llama(path: str | Path, **kwargs) -> llama_cpp.Llama:
+    """llama-cpp-python's own ``Llama(path, **kwargs)`` (the peer that benchmarks and tests set
+    beside specmac), with llama.cpp's extra CPU buffer types as specmac's ``extra_bufts`` auto
+    chooses them: off where ggml was built with AMX, where loading a Q4_K_M, Q8_0 or Q4_0 file with
+    them crashes the process (llama.cpp issue 20824). ``Llama`` takes no such argument; it reads
+    llama_model_default_params while it is built, so that is what is changed, for that call only."""
+    from llama_cpp import llama as llama_module
+
+    lib = llama_module.llama_cpp
+    defaults = lib.llama_model_default_params
+    safe = extra_bufts_safe()
+
+    def params():
+        p = defaults()
+        p.use_extra_bufts = safe
+        return p
+
+    lib.llama_model_default_params = params
+    try:
+        return llama_module.Llama(str(path), **kwargs)
+    finally:
+        lib.llama_model_default_params = defaults
+
+
 def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False,
                extra_bufts: bool = True) -> llama_cpp.llama_model_p:
     check_gguf(path)
