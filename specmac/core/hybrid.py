@@ -107,9 +107,6 @@ class HybridDrafter(Drafter):
         a, n = self.acc["model"]
         return model_steps(a, n, ks, self.t_draft1())
 
-    def expected_model(self, ks: np.ndarray) -> np.ndarray:
-        return self.model_steps(ks)[0]
-
     # --- the choice ---------------------------------------------------------------------------
     def t_draft1(self) -> float:
         if self.t_model:
