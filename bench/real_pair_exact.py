@@ -18,7 +18,10 @@ every text measured here (results/workloads_f16_auto: 28 of 28), so a difference
 before rounding (docs/losslessness.md).
 
 Writes results.json (every run, provenance) and README.md (the table, the command). A check of
-output, not a timing: there is no figure, and tokens/s are printed only as a note.
+output, not a timing: there is no figure; tokens/s are kept in results.json only as a note. A run
+that parts from plain is diagnosed by ``specmac.lossless.greedy.diagnose`` (a near-tie flip, or a
+bug). ``--plant`` shows the check's power: with a target whose batched passes return each row one
+position late, every run that drafted must part from plain (results/real_pair_exact/planted).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from models import QWEN_05B_GGUF, add_models_dir
 
 from specmac.api import Pair
@@ -39,6 +43,7 @@ from specmac.core.hybrid import NONE, HybridDrafter
 from specmac.core.lookup import LookupDrafter
 from specmac.core.prompts import PACKAGED_WORKLOAD, read_prompts
 from specmac.core.sampling import SamplingParams
+from specmac.lossless.greedy import diagnose
 
 TARGET_F16 = "qwen2.5-coder-1.5b-instruct-f16.gguf"
 GREEDY = SamplingParams(0.0)
@@ -72,6 +77,8 @@ def report(args, runs: list[dict], chosen: list[dict], target_file: Path, draft_
              "through the chat template; K 4m: K = 4 with the model drafting every step the lookup does not. "
              "Steps by source: which half of the hybrid drafted (a run "
              "whose model never drafted checked only its lookup half); drafted and kept: all its drafts.", "",
+             *(["**Planted bug** (`--plant`): the target's batched passes return each row one position "
+                "late; every run that drafted must part from plain.", ""] if args.plant else []),
              f"**{same} of {len(checked)} runs give plain decoding's token ids.**", "",
              "| target | hybrid | K | prompt | same ids as plain | steps by source | drafted | kept |",
              "|---|---|---|---|---|---|---:|---:|"]
@@ -81,6 +88,62 @@ def report(args, runs: list[dict], chosen: list[dict], target_file: Path, draft_
                      + f" | {r['n_drafted']} | {r['n_accepted']} |")
     (args.out / "README.md").write_text("\n".join(lines + [""]), "utf-8")
     return lines
+
+
+def plant(target) -> None:
+    """A planted bug (``--plant``): the target's passes over more than one token return each row one
+    position late, the off-by-one a mis-indexed verification makes; one-token passes, and so plain
+    decoding's steps, are untouched. Every run that verified a draft must then part from plain."""
+    base = type(target)
+
+    class Planted(base):
+        def score(self, tokens):
+            rows = base.score(self, tokens)
+            return rows if len(tokens) < 2 else np.roll(rows, 1, axis=0)
+
+    target.__class__ = Planted
+
+
+def check_target(args, tname: str, chosen: list[dict], target_file: Path, draft_file: Path,
+                 runs: list[dict]) -> None:
+    """Plain decoding, then every hybrid run, on one target (freed on return, before the next loads)."""
+    t0 = time.perf_counter()
+    target = load_backend(tname, str(target_file), None, role="target")
+    if args.plant:
+        plant(target)
+    print(f"target {tname}: loaded in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    ids = {p["id"]: target.encode(target.apply_chat_template(p.get("messages") or p["text"])) for p in chosen}
+    plain = {}
+    for p in chosen:
+        g = Pair(target, PlainDecoding()).generate(ids[p["id"]], params=GREEDY, k=1,
+                                                   max_tokens=args.max_tokens)
+        plain[p["id"]] = g.token_ids
+        runs.append({"target": tname, "draft": "none", "k": None, "prompt": p["id"], "same": True,
+                     "n_tokens": len(g.token_ids), "tokens_per_second": g.stats.tokens_per_second})
+    for dname in args.drafts.split(","):
+        t0 = time.perf_counter()
+        model = ModelDrafter(load_backend(dname, str(draft_file), None, role="draft"))
+        print(f"  draft {dname}: loaded in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        for k in args.ks.split(","):
+            for p in chosen:
+                model.trim(0)
+                kind = ModelFirst if k.endswith("m") else HybridDrafter
+                pair = Pair(target, kind(LookupDrafter(), model, name=f"lookup+{dname}"))
+                kk = k if k == "auto" else int(k.rstrip("m"))
+                g = pair.generate(ids[p["id"]], params=GREEDY, k=kk, max_tokens=args.max_tokens)
+                s = g.stats.to_dict()
+                row = {"target": tname, "draft": f"lookup+{dname}", "k": k, "prompt": p["id"],
+                       "same": g.token_ids == plain[p["id"]], "n_tokens": s["n_tokens"],
+                       "n_drafted": s["n_drafted"], "n_accepted": s["n_accepted"],
+                       "steps_by_source": s["steps_by_source"], "tokens_per_second": s["tokens_per_second"]}
+                if not row["same"] and not args.plant:  # where and why: a near-tie flip, or a bug
+                    model.trim(0)
+                    pair.drafter.trim(0)
+                    row["parting"] = diagnose(pair, ids[p["id"]], k=kk, max_tokens=args.max_tokens)
+                runs.append(row)
+                print(f"  {tname} lookup+{dname} k={k} {p['id']}: same={row['same']} "
+                      f"steps {row['steps_by_source']}", file=sys.stderr, flush=True)
+                report(args, runs, chosen, target_file, draft_file)
 
 
 def main() -> None:
@@ -93,51 +156,21 @@ def main() -> None:
     ap.add_argument("--prompts", default="edit-1,qa-1", help="packaged-workload prompt ids")
     ap.add_argument("--max-tokens", type=int, default=40)
     ap.add_argument("--out", type=Path, default=Path("results/real_pair_exact"))
+    ap.add_argument("--plant", action="store_true", help="the check's power: a target whose batched passes "
+                    "return each row one position late (every run that drafted must part from plain)")
     args = ap.parse_args()
     target_file, draft_file = args.models_dir / TARGET_F16, args.models_dir / QWEN_05B_GGUF
     prompts = {p["id"]: p for p in read_prompts(PACKAGED_WORKLOAD, turns="all")}
     chosen = [prompts[i] for i in args.prompts.split(",")]
-    ks = args.ks.split(",")
     runs: list[dict] = []
     for tname in args.targets.split(","):
-        t0 = time.perf_counter()
-        target = load_backend(tname, str(target_file), None, role="target")
-        print(f"target {tname}: loaded in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        ids = {p["id"]: target.encode(target.apply_chat_template(p.get("messages") or p["text"]))
-               for p in chosen}
-        plain = {}
-        for p in chosen:
-            g = Pair(target, PlainDecoding()).generate(ids[p["id"]], params=GREEDY, k=1,
-                                                       max_tokens=args.max_tokens)
-            plain[p["id"]] = g.token_ids
-            runs.append({"target": tname, "draft": "none", "k": None, "prompt": p["id"], "same": True,
-                         "n_tokens": len(g.token_ids), "tokens_per_second": g.stats.tokens_per_second})
-        for dname in args.drafts.split(","):
-            t0 = time.perf_counter()
-            model = ModelDrafter(load_backend(dname, str(draft_file), None, role="draft"))
-            print(f"  draft {dname}: loaded in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-            for k in ks:
-                for p in chosen:
-                    model.trim(0)
-                    kind = ModelFirst if k.endswith("m") else HybridDrafter
-                    pair = Pair(target, kind(LookupDrafter(), model, name=f"lookup+{dname}"))
-                    g = pair.generate(ids[p["id"]], params=GREEDY, k=k if k == "auto" else int(k.rstrip("m")),
-                                      max_tokens=args.max_tokens)
-                    s = g.stats.to_dict()
-                    row = {"target": tname, "draft": f"lookup+{dname}", "k": k, "prompt": p["id"],
-                           "same": g.token_ids == plain[p["id"]], "n_tokens": s["n_tokens"],
-                           "n_drafted": s["n_drafted"], "n_accepted": s["n_accepted"],
-                           "steps_by_source": s["steps_by_source"],
-                           "tokens_per_second": s["tokens_per_second"]}
-                    runs.append(row)
-                    print(f"  {tname} lookup+{dname} k={k} {p['id']}: same={row['same']} "
-                          f"steps {row['steps_by_source']}", file=sys.stderr, flush=True)
-                    report(args, runs, chosen, target_file, draft_file)
-            del model
-        del target
+        check_target(args, tname, chosen, target_file, draft_file, runs)
     lines = report(args, runs, chosen, target_file, draft_file)
     print("\n".join(lines))
-    sys.exit(0 if all(r["same"] for r in runs) else 1)
+    checked = [r for r in runs if r["draft"] != "none"]
+    if args.plant:  # the planted bug must show in every run whose target verified a draft
+        sys.exit(0 if all(not r["same"] for r in checked if r["n_drafted"]) else 1)
+    sys.exit(0 if all(r["same"] for r in checked) else 1)
 
 
 if __name__ == "__main__":
