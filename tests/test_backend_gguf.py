@@ -192,4 +192,3 @@ def test_the_peers_llama_takes_extra_buffer_types_as_auto_does(monkeypatch, safe
     llm = gguf_files.peer_llama(model_path("q8_0"), vocab_only=True, verbose=False)
     assert llm.model_params.use_extra_bufts is safe
     assert llama_cpp.llama_cpp.llama_model_default_params is defaults
-    assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts  # llama.cpp's default: on

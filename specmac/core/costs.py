@@ -168,7 +168,11 @@ def model_steps(accepted: float, trials: float, ks: np.ndarray,
     are kept, a pass catching it up on its last draft and the target's token. The one prediction
     of a model step: the model draft's K policy (``AdaptiveK``) and a hybrid's model source
     (``HybridDrafter``) weigh the same step alike."""
-    m = posterior_moments(accepted, trials - accepted, int(ks[-1]))
+    return step_of_moments(posterior_moments(accepted, trials - accepted, int(ks[-1])), ks, t_draft1)
+
+
+def step_of_moments(m: np.ndarray, ks: np.ndarray, t_draft1: float) -> tuple[np.ndarray, np.ndarray]:
+    """``model_steps`` from the moments m[j] = E[alpha^j] themselves (any acceptance model)."""
     return np.cumsum(m)[ks], (ks + m[ks]) * t_draft1
 
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from specmac.core.costs import K_MAX, K_MODEL, model_steps
+from specmac.core.costs import K_MAX, K_MODEL, model_steps, step_of_moments
 from specmac.core.estimate import CostEstimator
 
 K_DEFAULT = 4  # drafts per step unless told otherwise
@@ -152,8 +152,7 @@ class AdaptiveK:
         curve = self.costs.curve() if curve is None else curve
         ks = np.arange(1, self.k_max + 1)
         if optimistic:
-            m = self.alpha_high() ** np.arange(self.k_max + 1.0)
-            e, draft = np.cumsum(m)[ks], (ks + m[ks]) * self.t_draft1()
+            e, draft = step_of_moments(self.alpha_high() ** np.arange(self.k_max + 1.0), ks, self.t_draft1())
         else:
             e, draft = model_steps(self.acc, self.trials, ks, self.t_draft1())
         # the draft's prefill, spread over the tokens left (a step writes e of them)
