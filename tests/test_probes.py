@@ -188,11 +188,28 @@ def test_advise_with_two_models_per_role_needs_the_ranking():
 
 
 def test_advise_says_why_when_verification_is_serial():
+    # a draft pass of half a target pass: a free batched pass would pay at this acceptance (so the
+    # draft is not to blame), and even a perfect one cannot pay for a serial pass unless each call
+    # wastes more than a draft pass beyond its sleep (a 2 ms target with a 0.2 ms draft paid at
+    # alpha ~ 1 on a machine whose sleeps overshoot by more than 0.2 ms, and advise blamed alpha)
     r = invoke(["advise", "--draft", "synthetic", "--target", "synthetic", "--json",
-                "--target-opt", "latency_ms=2", "--target-opt", "beta=1.0",
-                "--draft-opt", "latency_ms=0.2", "--run-tokens", "24", "--context", "8", "--repeats", "1"])
+                "--target-opt", "latency_ms=4", "--target-opt", "beta=1.0",
+                "--draft-opt", "latency_ms=2", "--run-tokens", "24", "--context", "8", "--repeats", "3",
+                "--prompt", "def f(x):"])
     assert r["predicted_speedup"] < 1.0
     assert r["reasons"][0].startswith("verification serial: \u03b2 = ")
+
+
+def test_why_blames_the_costs_where_only_a_copy_pays():
+    """Where only an acceptance of ~1 pays, the reason is the costs, not "acceptance too low"."""
+    from specmac.advise.predict import ALPHA_COPY, Chains, Costs, alpha_needed, why_list
+
+    step = [2.25e-3 + 2.0e-3 * n for n in range(17)]  # serial, but with 0.25 ms a call to save
+    costs = Costs(step, 0.22e-3)  # a draft pass just cheaper than what a wider pass saves
+    assert ALPHA_COPY < alpha_needed(costs, 16) < 1.0
+    chains = Chains.of([[[0.78] * 16 for _ in range(48)]], 16, True)  # one text, alpha 0.78
+    reasons = why_list(costs, chains, 0.95, 16, 1)
+    assert reasons[0].startswith("verification serial")
 
 
 class PluginBackend(SyntheticBackend):

@@ -201,6 +201,11 @@ def best(costs: Costs, alpha: float | Chains, k_max: int, tie: float = 0.0) -> t
     return next((k, t) for k, t in table if t >= top * (1.0 - tie))
 
 
+# an acceptance above this is a copy of the text, not a draft's guess: where speculation pays only
+# from there, advise blames the costs (c, beta), not the acceptance
+ALPHA_COPY = 0.99
+
+
 def alpha_needed(costs: Costs, k_max: int) -> float | None:
     """The smallest acceptance at which some K beats plain decoding (None: not even at 1)."""
     plain = costs.tps(0.0, 0)
@@ -225,6 +230,8 @@ def why_list(costs: Costs, chains: Chains, beta: float, k_max: int, k: int) -> l
                 f"tokens gain: pays from about {n:.0f} tokens"]
     alpha = chains.alpha
     need = alpha_needed(Costs(costs.step, costs.t_draft), k_max)
+    if need is not None and need > ALPHA_COPY:
+        need = None  # only a copy pays: the costs are to blame, not this draft's acceptance
     if need is not None and need <= alpha:  # the walk's runs of accepted drafts are what falls short
         return [f"acceptance too low: \u03b1 = {alpha:.2f}, in runs too short on this text "
                 f"(independent acceptances would pay from \u03b1 = {need:.2f})"]
