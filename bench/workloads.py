@@ -24,7 +24,13 @@ from pathlib import Path
 import numpy as np
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
-from specmac.compare.categories import ALL, by_category, category_markdown
+from specmac.compare.categories import (
+    ALL,
+    by_category,
+    category_markdown,
+    normalised_speedup,
+    plain_step_ratio,
+)
 from specmac.compare.measure import PLAIN, Settings, aggregate, load_models, measure, parse_ks, parse_pairs
 from specmac.compare.results import _pyplot, provenance, save_figure, write_json
 from specmac.compare.settings import AUTO, Config
@@ -82,29 +88,48 @@ def identity(runs: list[dict]) -> list[dict]:
 
 def medians(runs: list[dict]) -> list[str]:
     """Per category and configuration: the median over runs of tokens/s over plain decoding's of the
-    same prompt and round (one stalled run cannot carry a category, as it can in a pooled ratio)."""
+    same prompt and round (one stalled run cannot carry a category, as it can in a pooled ratio),
+    of the normalised speedup (each run timed by its own plain steps, where it made enough), and
+    of the run's mean plain step over plain's (the machine's drift, and any work a drafter adds to a
+    step that drafts nothing)."""
     plain = {(r["prompt"], r["round"]): r for r in runs if r["draft"] == PLAIN}
-    cells: dict[tuple, list[tuple[float, float]]] = {}
+    cells: dict[tuple, list[tuple[float, float, float, float]]] = {}
     for r in runs:
         b = plain.get((r["prompt"], r["round"]))
         if r["draft"] != PLAIN and b and r["tokens_per_second"] and b["tokens_per_second"]:
             e2e, be2e = (x["n_tokens"] / (x["seconds"] + x["t_prefill"]) for x in (r, b))
+            norm, drift = normalised_speedup(r), plain_step_ratio(r, b)
             for cat in (r["category"], ALL):
                 ratio = r["tokens_per_second"] / b["tokens_per_second"]
-                cells.setdefault((cat, r["config"]), []).append((ratio, e2e / be2e))
-    out = ["| category | configuration | runs | median speedup | median end-to-end speedup | range |",
-           "|---|---|---:|---:|---:|---|"]
+                cells.setdefault((cat, r["config"]), []).append(
+                    (ratio, e2e / be2e, np.nan if norm is None else norm, np.nan if drift is None else drift))
+    out = ["| category | configuration | runs | median speedup | range | median normalised (runs) | range | "
+           "plain step / plain's | median end-to-end speedup |", "|---|---|---:|---:|---|---:|---|---:|---:|"]
     for (cat, config), v in sorted(cells.items(), key=lambda kv: (kv[0][0] == ALL, kv[0][0])):
-        s, e = np.array(v).T
-        out.append(f"| {cat} | {config} | {len(v)} | {np.median(s):.2f}\u00d7 | {np.median(e):.2f}\u00d7 | "
-                   f"{s.min():.2f}\u2013{s.max():.2f} |")
+        s, e, n, d = np.array(v).T
+        n, d = n[~np.isnan(n)], d[~np.isnan(d)]
+        normed = (f"{np.median(n):.2f}\u00d7 ({len(n)}) | {n.min():.2f}\u2013{n.max():.2f}" if len(n)
+                  else "\u2013 | \u2013")
+        drift = f"{np.median(d):.2f}" if len(d) else "\u2013"
+        out.append(f"| {cat} | {config} | {len(v)} | {np.median(s):.2f}\u00d7 | "
+                   f"{s.min():.2f}\u2013{s.max():.2f} | {normed} | {drift} | {np.median(e):.2f}\u00d7 |")
     return out + [""]
 
 
 def _cell(row: dict | None, key: str) -> str:
     if not row or row.get(key) is None:
         return "\u2013"
+    if key == "normalised_speedup":
+        return f"{row[key]:.2f}\u00d7" + ("*" if row.get("paired_only") else "")
     return f"{row[key]:.2f}\u00d7 ({row[key.replace('speedup', 'tokens_per_second')]:.1f})"
+
+
+def _normalised(row: dict) -> dict:
+    """A category row whose normalised speedup falls back to the pooled paired one (``paired_only``)
+    where its runs made too few plain steps (a model draft drafting every step)."""
+    if row.get("normalised_speedup") is not None or row.get("speedup") is None:
+        return row
+    return row | {"normalised_speedup": row["speedup"], "paired_only": True}
 
 
 def budget(cats: list[dict], drafts: list[str]) -> tuple[list[str], list[dict]]:
@@ -115,21 +140,24 @@ def budget(cats: list[dict], drafts: list[str]) -> tuple[list[str], list[dict]]:
     categories = [c for c in dict.fromkeys(r["category"] for r in cats) if c != ALL]
     hybrids = [d for d in drafts if "+" in d]
     models = [d for d in drafts if d not in LOOKUP_LIKE and "+" not in d]
-    for key, label in (("speedup", "decoding"), ("end_to_end_speedup", "end to end")):
+    for key, label in (("speedup", "decoding"), ("normalised_speedup", "normalised"),
+                       ("end_to_end_speedup", "end to end")):
         head = ["category", "plain tokens/s"]
         for d in drafts:
             head += [f"{d} auto", f"{d} best fixed K"]
         head += [f"{h} auto / best of plain, {', '.join(models + ['lookup'])} (auto)" for h in hybrids]
-        out += [f"### Speedup over plain, {label} (tokens/s in brackets)", "",
+        note = {"normalised": " (the median run's; * where its runs made too few plain steps to time the "
+                              "machine: the pooled paired speedup)"}.get(label, " (tokens/s in brackets)")
+        out += [f"### Speedup over plain, {label}{note}", "",
                 "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
         for cat in categories:
             here = [r for r in cats if r["category"] == cat]
             plain = next((r for r in here if r["draft"] == PLAIN), None)
-            tps = key.replace("speedup", "tokens_per_second")
+            tps = key.replace("normalised_", "").replace("speedup", "tokens_per_second")
             cells = [cat, f"{plain[tps]:.1f}" if plain and plain.get(tps) else "\u2013"]
             auto = {}
             for d in drafts:
-                rows = [r for r in here if r["draft"] == d]
+                rows = [_normalised(r) if key == "normalised_speedup" else r for r in here if r["draft"] == d]
                 a = next((r for r in rows if r["k"] == AUTO), None)
                 fixed = [r for r in rows if r["k"] != AUTO and r.get("speedup")]
                 best = max(fixed, key=lambda r: r["speedup"], default=None)

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -116,6 +117,11 @@ def test_compare_prints_a_per_category_table(tmp_path):
             for k in ("copy", "prose", ALL)} == cats
     text = (out / "summary.md").read_text()
     assert "## Per category" in text and "| **all** | ngram:synthetic:k2 | 2 |" in text
+    plain = [r for r in record["runs"] if r["draft"] == "none"]
+    assert all(r["n_plain_steps"] == r["n_target_passes"] and r["plain_step_s"] > 0 for r in plain)
+    by = {r["config"]: r for r in record["results"]}
+    assert by["none:synthetic"]["speedup_normalised"] is None  # plain's own is 1 by definition
+    assert "speedup_normalised" in by["ngram:synthetic:k2"]
 
 
 def test_compare_chat_without_a_template_is_a_user_error(tmp_path):
@@ -123,3 +129,40 @@ def test_compare_chat_without_a_template_is_a_user_error(tmp_path):
                                     "--n-prompts", "1", "--max-tokens", "4", "--chat", *SYN,
                                     "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "chat template" in res.output and "Traceback" not in res.output
+
+
+def test_a_run_records_the_steps_that_drafted_nothing():
+    """RunStats times every step without drafts (one one-token pass), and only those."""
+    from specmac.api import Pair
+    from specmac.core.sampling import SamplingParams
+
+    pair = Pair.load("synthetic", "lookup", target_options={"latency_ms": 0.0})
+    g = pair.generate("abcdefgh" * 8 + "xyz", params=SamplingParams(0.0), k=4, max_tokens=32)
+    s = g.stats
+    assert 0 < s.sources.get("none", 0) < s.n_target_passes  # both kinds of step happened
+    assert len(s.plain_steps) == s.sources["none"]
+    assert s.plain_step_seconds == pytest.approx(float(np.mean(s.plain_steps)))
+    d = g.to_dict()
+    assert d["n_plain_steps"] == s.sources["none"] and d["plain_step_seconds"] == s.plain_step_seconds
+
+
+def test_the_normalised_speedup_takes_the_machines_drift_out():
+    """A configuration 1.2x plain, run while the machine was 1.5x slower (every step, its plain ones
+    too), reads 0.8x paired and 1.2x normalised; too few plain steps: no normalised figure."""
+    from specmac.compare.categories import MIN_PLAIN_STEPS, normalised_speedup, plain_step_ratio
+
+    plain = _run("none", "a", "x", 20, 10.0, 2.0) | {"plain_step_s": 0.1, "n_plain_steps": 20}
+    # at the machine's usual speed: 10 plain steps of 0.1 s and 4 drafting steps writing 10 tokens in
+    # 0.667 s, so 20 tokens in 1.667 s (1.2x plain's 2 s); run 1.5x slower: 2.5 s, plain steps of 0.15 s
+    slow = _run("lookup", "a", "x", 20, 20 / 2.5, 2.5, 10, 6, 14) | {"plain_step_s": 0.15,
+                                                                    "n_plain_steps": MIN_PLAIN_STEPS + 2}
+    assert slow["tokens_per_second"] / plain["tokens_per_second"] == pytest.approx(0.8)
+    assert normalised_speedup(slow) == pytest.approx(1.2)
+    assert normalised_speedup(plain) == pytest.approx(1.0)
+    assert plain_step_ratio(slow, plain) == pytest.approx(1.5)
+    assert normalised_speedup(slow | {"n_plain_steps": MIN_PLAIN_STEPS - 1}) is None
+    assert normalised_speedup(slow | {"plain_step_s": None}) is None
+    rows = {(r["config"], r["category"]): r for r in by_category([plain, slow])}
+    row = rows[("lookup:t:k2", "x")]
+    assert row["normalised_speedup"] == pytest.approx(1.2) and row["n_normalised"] == 1
+    assert row["speedup"] == pytest.approx(0.8)

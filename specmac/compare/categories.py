@@ -5,13 +5,46 @@ end adds the target's prefill of the prompt), the speedup as that over the same 
 decoding of the same prompts and rounds, acceptance and tokens per target pass. The overall line
 ("all") pools every category, so it is weighted by tokens. Which drafter a hybrid chose is summed
 from the runs' ``sources`` counts.
+
+On a shared machine the speed of identical work drifts by more than the margins a benchmark asks
+about (runs that drafted nothing read 0.76-1.25x plain in one record), so each row also carries the
+*normalised* speedup where the runs allow it: each run's tokens per second in units of its own
+plain steps (the steps that drafted nothing), which takes the machine's speed at the time of the
+run out of the comparison (``normalised_speedup``).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from specmac.compare.settings import PLAIN
 
 ALL = "all"
+# a run's own plain steps time the machine where it made at least this many
+MIN_PLAIN_STEPS = 8
+
+
+def normalised_speedup(run: dict) -> float | None:
+    """The run's speed over plain decoding's at the machine's speed during the run: its tokens
+    times its mean plain step (a step that drafted nothing costs what a plain decoding step costs
+    then, and a stall hits every kind of step alike) over its seconds. Plain decoding's own is 1.
+    None where the run made fewer than ``MIN_PLAIN_STEPS`` such steps (a model draft that drafts
+    every step has no clock of its own: the paired speedup is all there is) or a record predates
+    them. What it cannot see: a drafter's own work on the steps it drafts nothing (its lookup, its
+    choice: 0.03-0.14 ms a step here), which slows those steps too (``plain_step_ratio``)."""
+    n = run.get("n_plain_steps", 0)
+    if not run.get("plain_step_s") or n < MIN_PLAIN_STEPS or not run.get("seconds"):
+        return None
+    return run["n_tokens"] * run["plain_step_s"] / run["seconds"]
+
+
+def plain_step_ratio(run: dict, base: dict | None) -> float | None:
+    """The run's mean plain step over its plain run's: the machine's drift between the two runs,
+    times whatever a drafter's own work adds to a step that drafts nothing (over several rounds
+    the drift averages out and the work stays)."""
+    if not base or not run.get("plain_step_s") or not base.get("plain_step_s"):
+        return None
+    return run["plain_step_s"] / base["plain_step_s"]
 
 
 def by_category(runs: list[dict]) -> list[dict]:
@@ -35,6 +68,9 @@ def by_category(runs: list[dict]) -> list[dict]:
             for key in ("tokens_per_second", "end_to_end_tokens_per_second"):
                 row[key.replace("tokens_per_second", "speedup")] = (
                     row[key] / b[key] if b and b[key] and row[key] else None)
+            norm = [x for r in rs if (x := normalised_speedup(r)) is not None]
+            row["normalised_speedup"] = float(np.median(norm)) if norm else None
+            row["n_normalised"] = len(norm)
             rows.append(row)
     return rows
 
@@ -75,16 +111,18 @@ def category_markdown(rows: list[dict]) -> list[str]:
         return []
     out = ["## Per category", "",
            "Pooled over the category's runs; speedup over the same target's plain decoding of the same "
-           "prompts and rounds; end to end counts the target's prefill of the prompt too; **all** pools "
-           "every category (weighted by tokens).", "",
-           "| category | configuration | K | tokens | tokens/s | speedup | end-to-end tokens/s | "
-           "end-to-end speedup | acceptance | tokens/pass | steps by source |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "prompts and rounds; normalised: the median run's tokens/s in units of its own plain steps, so "
+           "at the machine's speed while it ran (runs with too few plain steps: \u2013); end to end counts "
+           "the target's prefill of the prompt too; **all** pools every category (weighted by tokens).", "",
+           "| category | configuration | K | tokens | tokens/s | speedup | normalised | "
+           "end-to-end tokens/s | end-to-end speedup | acceptance | tokens/pass | steps by source |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         cat = f"**{r['category']}**" if r["category"] == ALL else r["category"] or "(none)"
         src = ", ".join(f"{k} {v}" for k, v in (r["sources"] or {}).items()) or "\u2013"
         out.append(f"| {cat} | {r['config']} | {r['k'] or '–'} | {r['n_tokens']} | "
                    f"{_fmt(r['tokens_per_second'], '.1f')} | {_fmt(r.get('speedup'), '.2f', '×')} | "
+                   f"{_fmt(r.get('normalised_speedup'), '.2f', '×')} | "
                    f"{_fmt(r['end_to_end_tokens_per_second'], '.1f')} | "
                    f"{_fmt(r.get('end_to_end_speedup'), '.2f', '×')} | {_fmt(r['acceptance_rate'], '.3f')} | "
                    f"{_fmt(r['tokens_per_target_pass'], '.2f')} | {src} |")

@@ -24,7 +24,7 @@ import numpy as np
 from specmac.advise.pairing import advise_pair
 from specmac.api import Pair
 from specmac.backends import BaseBackend, load_backend
-from specmac.compare.categories import by_category
+from specmac.compare.categories import by_category, normalised_speedup
 from specmac.compare.results import provenance
 from specmac.compare.settings import (  # noqa: F401  (compare's settings, re-exported)
     AUTO,
@@ -157,6 +157,7 @@ def run_record(c: Config, prompt: str, repeat: int, seed: int, s: RunStats, toke
             "t_other": s.t_other, "t_prefill": s.t_prefill, "seconds": s.seconds,
             "tokens_per_second": s.tokens_per_second,
             "finish_reason": s.finish_reason, "sources": dict(s.sources),
+            "plain_step_s": s.plain_step_seconds, "n_plain_steps": len(s.plain_steps),
             **({"k_steps": s.k_steps} if c.k == AUTO else {}),
             "output_sha1": hashlib.sha1(json.dumps(token_ids).encode()).hexdigest()[:12]}
 
@@ -196,6 +197,9 @@ def _aggregate_one(rs: list[dict], base: dict, greedy: bool) -> dict:
            "n_runs": len(rs), "n_tokens": tokens, "seconds": seconds,
            "tokens_per_second": spread([r["tokens_per_second"] for r in rs]),
            "speedup": spread(ratios),
+           # each run's speed in units of its own plain steps, where it made enough of them to time
+           # the machine (specmac.compare.categories.normalised_speedup)
+           "speedup_normalised": spread([normalised_speedup(r) for r in rs]) if spec else None,
            "acceptance_rate": accepted / drafted if spec and drafted else None,
            "tokens_per_target_pass": tokens / passes if spec and passes else None,
            "per_position_acceptance": _per_position(rs) if spec else None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from specmac.core.loop import Event
 
 
@@ -26,6 +28,9 @@ class RunStats:
     t_prefill: float = 0.0  # prompt processing; not part of `seconds` (generation time)
     finish_reason: str | None = None
     sources: dict[str, int] = field(default_factory=dict)  # steps by what drafted them ("none": no drafts)
+    # seconds of each step that drafted nothing (one one-token pass): what plain decoding's step cost
+    # while this run ran, so a benchmark can tell the machine's speed from the drafts' (compare)
+    plain_steps: list[float] = field(default_factory=list)
 
     def add(self, e: Event) -> None:
         if e.n_passes:
@@ -47,6 +52,8 @@ class RunStats:
         self.t_draft += e.t_draft
         self.t_target += e.t_target
         self.t_other += e.t_other
+        if e.tokens and e.n_drafted == 0 and e.n_passes == 1:
+            self.plain_steps.append(e.t_draft + e.t_target + e.t_other)
         self.finish_reason = e.finish_reason or self.finish_reason
 
     @property
@@ -69,6 +76,13 @@ class RunStats:
     def tokens_per_second(self) -> float | None:
         return self.n_tokens / self.seconds if self.seconds > 0 else None
 
+    @property
+    def plain_step_seconds(self) -> float | None:
+        """The mean step that drafted nothing (None: no such step): a stall costs every kind of
+        step alike in proportion to its length, so the mean, not the median, is the unit that the
+        run's other steps are measured in (``specmac.compare.categories.normalised_speedup``)."""
+        return float(np.mean(self.plain_steps)) if self.plain_steps else None
+
     def to_dict(self, speculative: bool = True) -> dict:
         s = self.seconds
         return {
@@ -86,4 +100,6 @@ class RunStats:
             "time_split": {"draft": self.t_draft, "verify": self.t_target, "other": self.t_other},
             "finish_reason": self.finish_reason,
             "steps_by_source": dict(self.sources),
+            "plain_step_seconds": self.plain_step_seconds,
+            "n_plain_steps": len(self.plain_steps),
         }
