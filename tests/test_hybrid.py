@@ -79,6 +79,9 @@ class Costs:
     def timed(self):
         return True
 
+    def lookup_cap(self):
+        return K_MAX
+
 
 def hybrid(**costs):
     model = ModelDrafter(load_backend("synthetic", None, None, role="draft"))
@@ -222,6 +225,34 @@ def test_cli_run_and_compare_take_a_hybrid(tmp_path):
                                     "--draft-opt", "synthetic:noise=0.2", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "steps by source" in (out / "summary.md").read_text()
+
+
+def test_the_lookup_bets_no_wider_than_the_lookup_alone_would():
+    """Under k="auto" the lookup's width is capped by the K policy the lookup alone would run under
+    (fed the lookup's and the plain steps): a copied stretch's proposals make the bets' survival ~1
+    at every depth, but the lookup's verified bets keep nothing, so it bets narrow, as the lookup
+    alone would (uncapped: the whole match)."""
+    from specmac.core.loop import Event
+
+    curve = [1.0 + 0.1 * (n - 1) for n in range(1, K_MAX + 2)]
+    inner = AdaptiveK(k_max=K_MAX, horizon=400)
+    inner.set_costs(curve, 0.1)
+    h = HybridDrafter(LookupDrafter(), ModelDrafter(load_backend("synthetic", None, None, role="draft")))
+    policy = HybridPolicy(inner, h, horizon=400, prefill_per_token=0.0)
+    h.acc["model"] = [1.0, 50.0]  # a model that is rarely kept: the choice is the lookup's or none
+    for _ in range(20):
+        h.lookup.bets.observe("short", 16, 16, False)  # every proposal of the stretch kept whole
+
+    cap = policy.lookup_cap()  # at the prior: a few drafts pay on this curve
+    assert 1 <= cap <= 4 and h.choose(0, K_MAX, 16, "short") == ("lookup", cap)
+    for _ in range(8):  # the lookup's own bets, each rejected at its first draft
+        policy.update(Event(tokens=[1], kinds=["corrected"], k=cap, n_drafted=cap, n_accepted=0, t_draft=0.0,
+                            t_target=curve[cap], t_other=0.0, source="lookup"))
+    assert policy.lookup_cap() <= 1 and h.choose(0, K_MAX, 16, "short")[1] <= 1
+    policy.lookup_policy = None  # uncapped, the bets alone: the whole match, 15 wide
+    assert h.choose(0, K_MAX, 16, "short") == ("lookup", 16)
+    fixed = HybridPolicy(FixedK(4), h, horizon=400, prefill_per_token=0.0)  # a fixed K: the user's width
+    assert fixed.lookup_policy is None and fixed.lookup_cap() == K_MAX
 
 
 def test_a_doubted_t1_probe_gets_its_plain_step():

@@ -142,6 +142,8 @@ class HybridDrafter(Drafter):
         curve = self.cost.curve() if self.cost is not None else np.ones(K_MAX + 2)
         top = len(curve) - 2
         best = (NONE, 0, 1.0 / curve[1])  # plain decoding
+        if n_lookup and self.cost is not None:
+            n_lookup = min(n_lookup, self.cost.lookup_cap())
         if n_lookup:
             m = np.arange(1, min(n_lookup, top) + 1)
             # the lookup's own survival by depth for this kind of match (specmac.core.bets)
@@ -229,6 +231,16 @@ class HybridPolicy:
         self.t_prefill_target = 0.0
         self.n_prefill_target = 0
         self._curve: np.ndarray | None = None
+        # under k="auto", the K policy the lookup alone would run under (free drafts, the same curve),
+        # fed the lookup's steps and the plain ones: it caps how wide the lookup bets, as it caps the
+        # lookup alone. The bets' survival, learnt from every proposal (verified or not) of a copied
+        # stretch, reads ~1 at every depth just before the stretch ends; unbounded, one short match
+        # then bet 15 wide on the Q4_K_M target (bench/replay_drafters.py: rag 1.01x where the lookup
+        # alone made 1.05x)
+        self.lookup_policy: AdaptiveK | None = None
+        if self.adaptive and inner.prior is not None:
+            self.lookup_policy = AdaptiveK(k_max=inner.k_max, horizon=horizon)
+            self.lookup_policy.set_costs(list(inner.width_costs()[1:]), 0.0)
         drafter.cost = self
         if hasattr(inner, "k"):
             self.k = inner.k
@@ -250,6 +262,8 @@ class HybridPolicy:
             self.n_seen[n] += 1
             self.t_seen[n] += event.t_target + event.t_other
         self.inner.update(event)
+        if self.lookup_policy is not None and event.source in ("lookup", NONE):
+            self.lookup_policy.update(event)
         self._curve = None
 
     def curve(self) -> np.ndarray:
@@ -279,6 +293,10 @@ class HybridPolicy:
         """Are the target's step costs known in seconds (measured, or a step timed), so the model's
         prefill can be weighed against them? With a fixed K the first step is not yet timed."""
         return self.adaptive or bool(self.n_seen.any()) or not self.prefill_per_token
+
+    def lookup_cap(self) -> int:
+        """The widest the lookup may bet now: the K its own policy chooses (no cap without one)."""
+        return self.lookup_policy.next_k() if self.lookup_policy is not None else K_MAX
 
     def tokens_left(self) -> int | None:
         return None if self.horizon is None else max(self.horizon - self.n_out, 1)
