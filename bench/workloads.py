@@ -9,7 +9,10 @@ template, on the Qwen2.5-Coder 1.5B Q4_K_M GGUF target (or another of the same w
 configuration at ``--k`` (default auto) interleaved per prompt and round by compare's measurement
 (``specmac.compare.measure``: one warm-up round discarded). Writes results.json (the runs, the
 per-configuration and per-category aggregates, greedy identity with plain per prompt), a PNG of the
-speedups per category and README.md's tables. Run it with a fresh SPECMAC_CACHE: `--k auto` keeps the
+speedups per category and README.md's tables, each speedup paired (over plain's run of the same
+prompt and round) and normalised where a run made enough plain steps to time the machine while it
+ran (``specmac.compare.categories.normalised_speedup``: the machine's drift between runs is larger
+than the margins the budget asks about). Run it with a fresh SPECMAC_CACHE: `--k auto` keeps the
 pass costs it probes, and a probe stalled by a busy machine would be kept for every later run.
 """
 
