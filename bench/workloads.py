@@ -101,7 +101,7 @@ def medians(runs: list[dict]) -> list[str]:
         b = plain.get((r["prompt"], r["round"]))
         if r["draft"] != PLAIN and b and r["tokens_per_second"] and b["tokens_per_second"]:
             e2e, be2e = (x["n_tokens"] / (x["seconds"] + x["t_prefill"]) for x in (r, b))
-            norm, drift = normalised_speedup(r), plain_step_ratio(r, b)
+            norm, drift = normalised_speedup(r, b), plain_step_ratio(r, b)
             for cat in (r["category"], ALL):
                 ratio = r["tokens_per_second"] / b["tokens_per_second"]
                 cells.setdefault((cat, r["config"]), []).append(

@@ -121,8 +121,11 @@ def test_measure_interleaves_and_excludes_warmup():
     assert not interrupted and len(ticks) == s.n_runs()
     assert all(t.startswith("warm-up") for t in ticks[: len(ids)])
     assert len(runs) == len(ids) * len(s.prompts) * s.repeats  # the warm-up is not recorded
-    # A B C A B C: each round (prompt, repeat) runs every configuration once, in plan order
-    assert [r["config"] for r in runs] == ids * (len(s.prompts) * s.repeats)
+    # A B C B C A C A B: each round (prompt, repeat) runs every configuration once, the n-th round
+    # starting at the n-th configuration of the plan
+    n = len(ids)
+    assert [r["config"] for r in runs] == [ids[(j + q) % n] for q in range(len(s.prompts) * s.repeats)
+                                           for j in range(n)]
     assert [(r["round"], r["prompt"]) for r in runs[:: len(ids)]] == [
         (r, p["id"]) for r in range(s.repeats) for p in s.prompts]
     # the same prompt gives the same greedy run in every round: nothing is reused from the last

@@ -162,6 +162,10 @@ def test_the_normalised_speedup_takes_the_machines_drift_out():
     assert plain_step_ratio(slow, plain) == pytest.approx(1.5)
     assert normalised_speedup(slow | {"n_plain_steps": MIN_PLAIN_STEPS - 1}) is None
     assert normalised_speedup(slow | {"plain_step_s": None}) is None
+    # a run whose last pass found EOS: 19 tokens in 20 passes of 0.1 s, plain's own is 1 against itself
+    eos = plain | {"n_tokens": 19, "n_target_passes": 20, "tokens_per_second": 9.5}
+    assert normalised_speedup(eos) == pytest.approx(0.95)
+    assert normalised_speedup(eos, eos) == pytest.approx(1.0)
     rows = {(r["config"], r["category"]): r for r in by_category([plain, slow])}
     row = rows[("lookup:t:k2", "x")]
     assert row["normalised_speedup"] == pytest.approx(1.2) and row["n_normalised"] == 1

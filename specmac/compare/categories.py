@@ -24,18 +24,21 @@ ALL = "all"
 MIN_PLAIN_STEPS = 8
 
 
-def normalised_speedup(run: dict) -> float | None:
+def normalised_speedup(run: dict, base: dict | None = None) -> float | None:
     """The run's speed over plain decoding's at the machine's speed during the run: its tokens
     times its mean plain step (a step that drafted nothing costs what a plain decoding step costs
-    then, and a stall hits every kind of step alike) over its seconds. Plain decoding's own is 1.
-    None where the run made fewer than ``MIN_PLAIN_STEPS`` such steps (a model draft that drafts
-    every step has no clock of its own: the paired speedup is all there is) or a record predates
-    them. What it cannot see: a drafter's own work on the steps it drafts nothing (its lookup, its
-    choice: 0.03-0.14 ms a step here), which slows those steps too (``plain_step_ratio``)."""
+    then, and a stall hits every kind of step alike) over its seconds, over what plain decoding
+    makes of a pass (``base``, its run of the same prompt: tokens per pass, under 1 where its last
+    pass found EOS; 1 without one). Plain decoding's own is 1. None where the run made fewer than
+    ``MIN_PLAIN_STEPS`` such steps (a model draft that drafts every step has no clock of its own:
+    the paired speedup is all there is) or a record predates them. What it cannot see: a drafter's
+    own work on the steps it drafts nothing (its lookup, its choice: 0.03-0.14 ms a step here),
+    which slows those steps too (``plain_step_ratio``)."""
     n = run.get("n_plain_steps", 0)
     if not run.get("plain_step_s") or n < MIN_PLAIN_STEPS or not run.get("seconds"):
         return None
-    return run["n_tokens"] * run["plain_step_s"] / run["seconds"]
+    per_pass = base["n_tokens"] / base["n_target_passes"] if base and base.get("n_target_passes") else 1.0
+    return run["n_tokens"] * run["plain_step_s"] / run["seconds"] / per_pass
 
 
 def plain_step_ratio(run: dict, base: dict | None) -> float | None:
@@ -68,7 +71,9 @@ def by_category(runs: list[dict]) -> list[dict]:
             for key in ("tokens_per_second", "end_to_end_tokens_per_second"):
                 row[key.replace("tokens_per_second", "speedup")] = (
                     row[key] / b[key] if b and b[key] and row[key] else None)
-            norm = [x for r in rs if (x := normalised_speedup(r)) is not None]
+            by_key = {(r["prompt"], r["round"]): r for r in same}
+            norm = [x for r in rs
+                    if (x := normalised_speedup(r, by_key.get((r["prompt"], r["round"])))) is not None]
             row["normalised_speedup"] = float(np.median(norm)) if norm else None
             row["n_normalised"] = len(norm)
             rows.append(row)

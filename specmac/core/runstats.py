@@ -52,7 +52,7 @@ class RunStats:
         self.t_draft += e.t_draft
         self.t_target += e.t_target
         self.t_other += e.t_other
-        if e.tokens and e.n_drafted == 0 and e.n_passes == 1:
+        if e.n_drafted == 0 and e.n_passes == 1:  # the pass that found EOS too (it writes no token)
             self.plain_steps.append(e.t_draft + e.t_target + e.t_other)
         self.finish_reason = e.finish_reason or self.finish_reason
 
