@@ -6,6 +6,7 @@
     python bench/replay_drafters.py record --target-backend torch --target-opt dtype=bfloat16 \
         --target-model M/qwen2.5-coder-1.5b-instruct-hf-bf16 --texts texts_torch_bf16.json
     python bench/replay_drafters.py replay                              # results/replay/README.md
+    python bench/replay_drafters.py kinds                               # results/replay/kinds.md
 
 A greedy run's text does not depend on the draft, so what a drafter would have proposed, and how
 much of it the target would have kept, can be replayed over the plain output. ``record`` writes,
@@ -21,7 +22,9 @@ measurement: it leaves out the machine's noise, the loop's own work and the draf
 the target (each target replays its own texts where recorded, ``TARGETS``; else the Q4_K_M
 target's stand in). It is
 how a change to a drafter is weighed across categories and targets in seconds before a benchmark
-(bench/workloads.py) measures it.
+(bench/workloads.py) measures it. ``kinds`` counts how far the lookup's proposals of each kind of
+match were kept, depth by depth (what its bets' priors, ``LookupDrafter.PRIORS``, come from), and
+replays the lookup and the hybrid under other priors beside them.
 """
 
 from __future__ import annotations
@@ -136,8 +139,10 @@ def auto(curve: np.ndarray, t_pass: float, horizon: int, k_max: int, n_prompt: i
     return policy
 
 
-def replay(draft: str, text: dict, curve: np.ndarray, t_pass: float, prefill: float) -> tuple[float, dict]:
-    """(predicted speedup over plain decoding, steps by source) of one drafter under --k auto."""
+def replay(draft: str, text: dict, curve: np.ndarray, t_pass: float, prefill: float,
+           observe=None) -> tuple[float, dict]:
+    """(predicted speedup over plain decoding, steps by source) of one drafter under --k auto.
+    ``observe(kind, kept, drafted, rejected)``: told every proposal the lookup's bets score."""
     prompt, out = text["prompt"], text["output"]
     n = len(out)
     model = ReplayedModel(text, t_pass, prefill)
@@ -154,6 +159,10 @@ def replay(draft: str, text: dict, curve: np.ndarray, t_pass: float, prefill: fl
                               prefill_per_token=prefill)
     if drafter is not None:
         drafter.trim(0)
+    bets = getattr(getattr(drafter, "lookup", drafter), "bets", None)
+    if observe is not None and bets is not None:
+        scored = bets.observe
+        bets.observe = lambda *a: (observe(*a), scored(*a))
     pos, seconds, sources = 0, 0.0, collections.Counter()
     while pos < n:
         seq = prompt + out[:pos]
@@ -171,6 +180,75 @@ def replay(draft: str, text: dict, curve: np.ndarray, t_pass: float, prefill: fl
                             n_accepted=a, t_draft=t_draft, t_target=t_target, t_other=0.0, source=source))
         pos += len(new)
     return n * float(curve[1]) / seconds, dict(sources)
+
+
+def load_targets(out: Path):
+    """(target, its texts' file, the texts, its curve [n] seconds of a pass over n tokens, the draft's
+    pass as a share of T(1)) per target."""
+    for target, (probe, share, name) in TARGETS.items():
+        path = out / name if (out / name).exists() else out / "texts.json"
+        ms = json.loads((CURVES / probe).read_text())["batched_ms"]
+        curve = np.array([ms[0], *ms], float) / 1e3
+        yield target, path.name, json.loads(path.read_text())["texts"], curve, share
+
+
+def kinds(out: Path, prefill: float) -> None:
+    """results/replay/kinds.md: how far each kind of lookup proposal was kept, code editing apart
+    (every proposal the lookup made, bet on or not), and the lookup and hybrid replayed under the
+    bets' flat prior, ``LookupDrafter.PRIORS`` and the measured shares of every kind."""
+    depth = 4
+    counts: dict = collections.defaultdict(lambda: np.zeros((2, depth)))
+
+    def count(scope):
+        def observe(kind, kept, drafted, rejected):
+            c = counts[(scope, kind)]
+            for j in range(min(depth, drafted)):
+                if j < kept or (j == kept and rejected):
+                    c[0, j] += 1
+                    c[1, j] += j < kept
+        return observe
+
+    targets = list(load_targets(out))
+    for _, _, texts, curve, share in targets:
+        for t in texts:
+            replay("lookup", t, curve, share * curve[1], prefill,
+                   count("code editing" if t["category"] == "code_editing" else "other"))
+    shares = {k: float(c[1, 0] / c[0, 0]) for (scope, k), c in counts.items() if scope == "other" and c[0, 0]}
+    adopted = dict(LookupDrafter.PRIORS)
+    variants = {"0.5 every kind": {}, f"PRIORS {adopted}": adopted,
+                "measured: " + str({k: round(v, 2) for k, v in sorted(shares.items())}):
+                    {k: round(v, 2) for k, v in shares.items()}}
+    lines = ["# The lookup's kinds of match: how far their proposals were kept (a replay)", "",
+             f"`python bench/replay_drafters.py kinds` (the draft's prefill {prefill * 1e3:g} ms a token)",
+             "",
+             "Every proposal the lookup made over the recorded greedy texts of all three targets (bet on or "
+             "not: the bets score each against the text), by kind of match: proposals that reached their "
+             f"j-th draft and the share that kept it, j = 1..{depth}.", "",
+             "| scope | kind | " + " | ".join(f"reached {j} | kept {j}" for j in range(1, depth + 1)) + " |",
+             "|---|---|" + "---:|---:|" * depth]
+    for (scope, kind), c in sorted(counts.items()):
+        lines.append(f"| {scope} | {kind} | " + " | ".join(
+            f"{int(c[0, j])} | {c[1, j] / c[0, j]:.2f}" if c[0, j] else "0 | –" for j in range(depth)) + " |")
+    lines += ["", "Replayed under each set of priors (the rest of the kinds at 0.5): mean / lowest predicted "
+              "speedup over plain decoding of the texts of each category.", ""]
+    cats = list(dict.fromkeys(t["category"] for t in targets[0][2]))
+    lines += ["| target | drafter | priors | " + " | ".join(cats) + " |",
+              "|---|---|---|" + "---:|" * len(cats)]
+    try:
+        for target, _, texts, curve, share in targets:
+            for draft in ("lookup", "hybrid"):
+                for label, priors in variants.items():
+                    LookupDrafter.PRIORS = priors
+                    got = collections.defaultdict(list)
+                    for t in texts:
+                        got[t["category"]].append(replay(draft, t, curve, share * curve[1], prefill)[0])
+                    lines.append(f"| {target} | {draft} | {label} | " + " | ".join(
+                        f"{np.mean(got[c]):.2f} / {min(got[c]):.2f}" for c in cats) + " |")
+    finally:
+        LookupDrafter.PRIORS = adopted
+    lines.append("")
+    (out / "kinds.md").write_text("\n".join(lines), "utf-8")
+    print("\n".join(lines))
 
 
 def figure(rows: list[dict], title: str):
@@ -196,7 +274,7 @@ def figure(rows: list[dict], title: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=["record", "replay"])
+    ap.add_argument("step", choices=["record", "replay", "kinds"])
     add_models_dir(ap)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--target-model", type=Path, default=None,
@@ -214,13 +292,12 @@ def main() -> None:
                args.target_backend, dict(o.split("=", 1) for o in args.target_opt) or None)
         return
     hybrid_module.time = Clock  # the hybrid times its model's proposals: on the replay's clock
+    if args.step == "kinds":
+        kinds(args.out, args.prefill_ms / 1e3)
+        return
     rows, own = [], []
-    for target, (probe, share, name) in TARGETS.items():
-        path = args.out / name if (args.out / name).exists() else args.out / "texts.json"
-        texts = json.loads(path.read_text())["texts"]
-        own.append(f"{target}: {path.name}")
-        ms = json.loads((CURVES / probe).read_text())["batched_ms"]
-        curve = np.array([ms[0], *ms], float) / 1e3  # [n] seconds of a pass over n tokens
+    for target, name, texts, curve, share in load_targets(args.out):
+        own.append(f"{target}: {name}")
         for cat in dict.fromkeys(t["category"] for t in texts):
             for d in DRAFTS:
                 got = [replay(d, t, curve, share * curve[1], args.prefill_ms / 1e3)

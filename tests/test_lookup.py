@@ -69,7 +69,31 @@ def test_weak_and_latest_bets_are_kept_apart():
     d.bets.learn(text)
     assert d.bets.alpha("latest") < 0.1
     assert "weak" not in d.bets.reached  # no majority was ever proposed: its prior stands
-    assert d.bets.alpha("weak") == pytest.approx(0.5)
+    assert d.bets.alpha("weak") == pytest.approx(LookupDrafter.PRIORS["weak"])
+
+
+class Stepped:
+    """A target whose first extra row costs 0.55 of a pass and each further one 0.07 (the F16 GGUF
+    curve as a run's estimator read it, results/workloads_f16_auto)."""
+
+    def width_costs(self):
+        c = np.concatenate([[1.0, 1.0], 1.55 + 0.07 * np.arange(32)])
+        return c
+
+
+def test_an_unproven_weak_match_is_no_bet_where_the_first_extra_row_is_dear(monkeypatch):
+    weak_seq = [5, 1, 7, 8, 9, 1]  # only "1" recurs: a weak match, nothing seen kept yet
+    sure_seq = [3, 4, 5, 6, 7, 8, 9, 2, 0, 3, 4, 5, 6, 7, 8, 9]  # a 7-token match
+    d = LookupDrafter(min_match=3)
+    d.bets.cost = Stepped()
+    assert propose(d, weak_seq, 4) == [] and d.last_kind == "weak"  # E(3) 1.62 tokens for 1.69 passes
+    d.bets.reset()
+    assert propose(d, sure_seq, 4) == [2, 0, 3] and d.last_kind == "sure"  # at 0.5 a depth it pays
+    # at the bets' flat prior (0.5 for every kind) the weak match was bet on: 1.875 tokens for 1.69
+    monkeypatch.setattr(LookupDrafter, "PRIORS", {})
+    flat = LookupDrafter(min_match=3)
+    flat.bets.cost = Stepped()
+    assert propose(flat, weak_seq, 4) == [7, 8, 9]
 
 
 def test_longest_match_wins_over_a_later_shorter_one():

@@ -16,7 +16,10 @@ depth j, how many proposals reached their j-th draft and how many kept it (a sur
 Kaplan and Meier count it): E(w) = 1 + sum_{j<=w} S(j), S(j) the product of the kept shares at
 depths 1..j. A depth few proposals reached leans on the depth before it (its share is shrunk
 towards the previous one's, with the prior's weight), so a width is bet on as far as proposals
-were seen to be kept that far.
+were seen to be kept that far. The prior, a share kept at every depth, is per kind where the
+drafter knows better than 0.5 (``LookupDrafter.PRIORS``: a 1-token match's first draft is kept 0.40
+of the time outside code editing, so on a target whose first extra row costs 0.6 of a pass, F16
+GGUF, an unproven weak match is not bet on).
 """
 
 from __future__ import annotations
@@ -40,8 +43,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 class Bets:
     """Per-kind survival of free drafts by depth, and the cut that the measured step costs call for."""
 
-    def __init__(self, decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 2.0) -> None:
+    def __init__(self, decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 2.0,
+                 priors: dict[str, float] | None = None) -> None:
         self.decay, self.prior_alpha, self.prior_weight = decay, prior_alpha, prior_weight
+        # per kind: the share assumed kept at each depth before the run shows any (else prior_alpha);
+        # a drafter's kinds differ (a lookup's 1-token match is kept far less often than a long one)
+        self.priors = dict(priors or {})
         # the K policy whose width_costs() gives [n] seconds of a step over n tokens, measured widths
         # only (an AdaptiveK, set per run by the API); None: no cut
         self.cost: Any = None
@@ -73,7 +80,7 @@ class Bets:
         """[m + 1] S(j), j = 0..m: the estimated chance that a proposal's first j drafts are all kept."""
         reached = self.reached.get(key, np.zeros(0))
         kept = self.kept.get(key, np.zeros(0))
-        s, share, w = np.ones(m + 1), self.prior_alpha, self.prior_weight
+        s, share, w = np.ones(m + 1), self.prior_of(key), self.prior_weight
         for j in range(m):
             if j < len(reached):
                 share = (kept[j] + w * share) / (reached[j] + w)
@@ -84,10 +91,14 @@ class Bets:
         """[m + 1] E(w), w = 0..m: tokens a step over this kind's first w drafts is expected to commit."""
         return np.cumsum(self.survival(key, m))
 
+    def prior_of(self, key: str) -> float:
+        """The share of this kind's drafts assumed kept, a depth, before the run shows any."""
+        return self.priors.get(key, self.prior_alpha)
+
     def alpha(self, key: str) -> float:
         """The kind's pooled acceptance, kept over reached (the prior's weight added)."""
         r, k = self.reached.get(key, np.zeros(0)).sum(), self.kept.get(key, np.zeros(0)).sum()
-        return float((k + self.prior_alpha * self.prior_weight) / (r + self.prior_weight))
+        return float((k + self.prior_of(key) * self.prior_weight) / (r + self.prior_weight))
 
     def learn(self, seq: Sequence[int]) -> None:
         """Score the pending proposals against the committed text: accepted drafts, and one

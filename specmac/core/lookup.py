@@ -73,6 +73,13 @@ class LookupDrafter(Drafter):
 
     name = "lookup"
     LATEST_FOR = ("weak",)  # kinds of match whose latest continuation is bet on where none agree
+    # the bets' prior per kind of match: the share of first drafts kept outside code editing over the
+    # packaged workload's greedy texts on the three real targets (`python bench/replay_drafters.py
+    # kinds`, results/replay/kinds.md: latest 0.10 of 523, weak 0.40 of 731), never above the bets'
+    # 0.5: short and sure matches were kept 0.75 and 0.79, but at priors that high the first long
+    # bet's width flips on the Q4_K_M curve's steps (the replay's code editing 2.07x at 0.79, 1.96x at
+    # 0.80), where 0.5 lets the run's own proposals widen it
+    PRIORS = {"latest": 0.1, "weak": 0.4}
 
     def __init__(self, min_match: int = 3, max_match: int = 8, agree: float = 0.5,
                  max_candidates: int = 8, sure_match: int = 6, min_accept: float = 0.3,
@@ -90,7 +97,7 @@ class LookupDrafter(Drafter):
         self.kept = np.zeros(max_match + 1)
         self.n_proposed = self.n_declined = 0
         self.last_match, self.last_kind = 0, "weak"
-        self.bets = Bets()
+        self.bets = Bets(priors=self.PRIORS)
 
     def max_k(self, n_seq: int) -> int:
         return 1 << 30
