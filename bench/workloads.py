@@ -251,15 +251,18 @@ def main() -> None:
                         params=SamplingParams(0.0), max_tokens=args.max_tokens, repeats=args.repeats,
                         warmup_tokens=4, chat=True, backends=backends)
     loaded = load_models(settings)
+    command = ("SPECMAC_CACHE=$(mktemp -d) flock /tmp/specmac-bench.lock python bench/workloads.py "
+               + shlex.join(sys.argv[1:]))
+    # the commit (and "+dirty") now, as the code measured is loaded: a tree edited during the run
+    # does not become what was measured
+    prov = provenance(command, [target, draft])
     runs, interrupted = measure(settings, loaded, progress=lambda s: print(s, file=sys.stderr, flush=True),
                                 on_round=lambda runs: write_json(args.out / "runs_so_far.json", runs))
     cats = by_category(runs)
     same = identity(runs)
     budget_lines, checks = budget(cats, drafts)
-    command = ("SPECMAC_CACHE=$(mktemp -d) flock /tmp/specmac-bench.lock python bench/workloads.py "
-               + shlex.join(sys.argv[1:]))
     record = {"format": "specmac.bench.workloads/1", "interrupted": interrupted,
-              "provenance": provenance(command, [target, draft]), "settings": settings.to_dict(),
+              "provenance": prov, "settings": settings.to_dict(),
               "prompt_tokens": {p["id"]: len(loaded.targets[tb].encode(settings.prompt_text(
                   loaded.targets[tb], p))) for p in prompts},
               "results": aggregate(runs, True), "categories": cats, "greedy_identity": same,
