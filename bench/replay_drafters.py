@@ -40,7 +40,7 @@ from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 import specmac.core.hybrid as hybrid_module
 from specmac.compare.results import _pyplot, provenance, save_figure, write_json
-from specmac.core.bets import common_prefix
+from specmac.core.bets import Bets, common_prefix
 from specmac.core.drafters import NgramDrafter
 from specmac.core.hybrid import HybridDrafter, HybridPolicy
 from specmac.core.lookup import LookupDrafter
@@ -197,22 +197,14 @@ def kinds(out: Path, prefill: float) -> None:
     (every proposal the lookup made, bet on or not), and the lookup and hybrid replayed under the
     bets' flat prior, ``LookupDrafter.PRIORS`` and the measured shares of every kind."""
     depth = 4
-    counts: dict = collections.defaultdict(lambda: np.zeros((2, depth)))
-
-    def count(scope):
-        def observe(kind, kept, drafted, rejected):
-            c = counts[(scope, kind)]
-            for j in range(min(depth, drafted)):
-                if j < kept or (j == kept and rejected):
-                    c[0, j] += 1
-                    c[1, j] += j < kept
-        return observe
-
+    tallies = {"code editing": Bets(decay=1.0), "other": Bets(decay=1.0)}  # undecayed counts by depth
     targets = list(load_targets(out))
     for _, _, texts, curve, share in targets:
         for t in texts:
-            replay("lookup", t, curve, share * curve[1], prefill,
-                   count("code editing" if t["category"] == "code_editing" else "other"))
+            scope = "code editing" if t["category"] == "code_editing" else "other"
+            replay("lookup", t, curve, share * curve[1], prefill, tallies[scope].observe)
+    counts = {(scope, kind): np.array([b.reached[kind][:depth], b.kept[kind][:depth]])
+              for scope, b in tallies.items() for kind in b.reached}
     shares = {k: float(c[1, 0] / c[0, 0]) for (scope, k), c in counts.items() if scope == "other" and c[0, 0]}
     adopted = dict(LookupDrafter.PRIORS)
     variants = {"0.5 every kind": {}, f"PRIORS {adopted}": adopted,
@@ -228,7 +220,8 @@ def kinds(out: Path, prefill: float) -> None:
              "|---|---|" + "---:|---:|" * depth]
     for (scope, kind), c in sorted(counts.items()):
         lines.append(f"| {scope} | {kind} | " + " | ".join(
-            f"{int(c[0, j])} | {c[1, j] / c[0, j]:.2f}" if c[0, j] else "0 | –" for j in range(depth)) + " |")
+            f"{int(c[0, j])} | {c[1, j] / c[0, j]:.2f}" if j < c.shape[1] and c[0, j] else "0 | –"
+            for j in range(depth)) + " |")
     lines += ["", "Replayed under each set of priors (the rest of the kinds at 0.5): mean / lowest predicted "
               "speedup over plain decoding of the texts of each category.", ""]
     cats = list(dict.fromkeys(t["category"] for t in targets[0][2]))

@@ -77,8 +77,7 @@ class Stepped:
     curve as a run's estimator read it, results/workloads_f16_auto)."""
 
     def width_costs(self):
-        c = np.concatenate([[1.0, 1.0], 1.55 + 0.07 * np.arange(32)])
-        return c
+        return np.concatenate([[1.0, 1.0], 1.55 + 0.07 * np.arange(32)])
 
 
 def test_an_unproven_weak_match_is_no_bet_where_the_first_extra_row_is_dear(monkeypatch):
