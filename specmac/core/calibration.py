@@ -25,6 +25,7 @@ import numpy as np
 from specmac.backends import BaseBackend
 from specmac.backends.conversion.cache import signature
 from specmac.core.policy import AdaptiveK
+from specmac.core.thread_curves import anchor_costs, derive_curve, sibling_curve
 from specmac.core.timing import probe_tokens, time_single, timed
 from specmac.errors import SpecmacError
 from specmac.files import cache_home, write_json
@@ -200,11 +201,13 @@ def _curve_entry(target: BaseBackend) -> tuple[dict, Path]:
 
 
 def kept_curve(target: BaseBackend, k_max: int, remeasure: bool = False) -> tuple[list[float], Path, str]:
-    """(T_t(n) for n = 1..k_max + 1, where it is kept, "" or why it was measured again): the
+    """(T_t(n) for n = 1..k_max + 1, where it is kept, "" or how it was come by this time): the
     target's curve, measured in ``KEPT_REPEATS`` sweeps once per machine and target and shared by
     every draft's entry, so a lookup, a model draft and a hybrid in front of one target start from
     the same costs (and the probe is paid once). A kept curve narrower than k_max + 1 is measured
-    again at the wider width; one whose T(1) is not within ``PLAUSIBLE`` of a fresh pass, too."""
+    again at the wider width; one whose T(1) is not within ``PLAUSIBLE`` of a fresh pass, too.
+    Where none is kept for the target's thread count but one is for another count (the thread fit
+    chose fewer threads on a busy machine), the curve is derived from that one (``derive_curve``)."""
     ident, path = _curve_entry(target)
     width, why = k_max, ""
     if not remeasure:
@@ -220,12 +223,34 @@ def kept_curve(target: BaseBackend, k_max: int, remeasure: bool = False) -> tupl
                     return kept[:k_max + 1], path, ""
                 why = (f"the kept curve's T(1) {_ms(kept[0])} is {_x(kept[0] / now)} a fresh one-token pass "
                        f"({_ms(now)})")
+        elif not path.exists():
+            derived = _derived_curve(target, ident, path, width)
+            if derived is not None:
+                return derived[0][:k_max + 1], path, derived[1]
     curve, _ = pass_costs(target, None, width, repeats=KEPT_REPEATS)
     try:
         write_json(path, {"t_target": curve, "measured": time.time(), "identity": ident})
     except OSError:
         pass  # the pair's entry says whether the cache can be written
-    return curve[:k_max + 1], path, why
+    return curve[:k_max + 1], path, f"the target's curve re-measured because {why}" if why else ""
+
+
+def _derived_curve(target: BaseBackend, ident: dict, path: Path,
+                   width: int) -> tuple[list[float], str] | None:
+    """(the curve derived from a sibling's and a few fresh widths, kept at ``path``; how), or None
+    where no curve of the target at another thread count is kept wide enough."""
+    sibling = sibling_curve(costs_dir(), ident, width + 1)
+    if sibling is None:
+        return None
+    (other, threads), fresh = sibling, anchor_costs(target, width)
+    curve = derive_curve(other[:width + 1], fresh)
+    try:
+        write_json(path, {"t_target": curve, "measured": time.time(), "identity": ident,
+                          "derived_from": {"n_threads": threads, "widths": sorted(fresh)}})
+    except OSError:
+        pass
+    return curve, (f"the target's curve derived from the one kept at {threads} thread{'s' * (threads != 1)} "
+                   f"and {len(fresh)} widths timed now")
 
 
 def kept_pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
@@ -257,11 +282,11 @@ def kept_pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
             else:
                 return Costs(kept[0], kept[1], True, f"kept from an earlier run (T(1) {_ms(kept[0][0])}, "
                              f"a fresh pass {_ms(now)})", path, _curve_entry(target)[1])
-    t_target, curve_path, curve_why = kept_curve(target, k_max, remeasure=asked)
+    t_target, curve_path, curve_how = kept_curve(target, k_max, remeasure=asked)
     t_draft = draft_pass(draft)
     done = f"re-measured {why}" if why else "measured before the first token"
-    if curve_why:
-        done += f" (the target's curve re-measured because {curve_why})"
+    if curve_how:
+        done += f" ({curve_how})"
     try:
         write_json(path, {"t_target": t_target, "t_draft": t_draft, "measured": time.time(),
                           "identity": ident})
