@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from specmac.backends import BaseBackend, backend_class, library_version, load_backend
-from specmac.compare.results import model_files, provenance, save_figure, write_json
+from specmac.compare.results import code_measured, model_files, provenance, save_figure, write_json
 
 FORMAT = "specmac.backend_overhead/2"
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
@@ -197,6 +197,7 @@ def parse_models(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, str
 
 
 def main() -> None:
+    code_measured()  # the commit as the run starts: what its provenance records
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default: all three)")
     ap.add_argument("--tokens", type=int, default=64, help="timed tokens after the first")

@@ -12,6 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from specmac.compare.results import code_measured
+
+# the commit as the script starts, which its provenance records: a tree edited during a long run is
+# not what it measured (every bench script that imports this module; the others call it themselves)
+code_measured()
+
 ENV = "SPECMAC_MODELS"
 DEFAULT = "~/.cache/specmac/models"
 

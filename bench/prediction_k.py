@@ -19,10 +19,11 @@ from pathlib import Path
 from serve import DRAFT, TARGET, SpecmacServer, edit, figure
 
 from specmac.api import Pair
-from specmac.compare.results import provenance, write_json
+from specmac.compare.results import code_measured, provenance, write_json
 
 
 def main() -> None:
+    code_measured()  # the commit as the run starts: what its provenance records
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models-dir", default=os.environ.get("SPECMAC_MODELS", "/work/models"))
     ap.add_argument("--out", default="results/prediction_k")

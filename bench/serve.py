@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from peers import HFGenerate  # noqa: E402
 
 from specmac.api import Pair  # noqa: E402
-from specmac.compare.results import _pyplot, provenance, save_figure, write_json  # noqa: E402
+from specmac.compare.results import _pyplot, code_measured, provenance, save_figure, write_json  # noqa: E402
 from specmac.core.sampling import SamplingParams  # noqa: E402
 from specmac.serve.server import bind, make_server  # noqa: E402
 
@@ -324,6 +324,7 @@ def _cell(r: dict) -> str:
 
 
 def main() -> None:
+    code_measured()  # the commit as the run starts: what its provenance records
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models-dir", default=os.environ.get("SPECMAC_MODELS", "/work/models"))
     ap.add_argument("--target-backend", default="gguf", help="the target's backend (gguf or torch)")

@@ -370,3 +370,17 @@ def test_skipped_pairings_are_counted_against_all_that_were_asked_for():
     assert report.skipped_line(record).startswith("2 of 4 pairings skipped: mlx:gguf: ")
     assert report.skipped_line({"settings": {"pairs": ["gguf:gguf"]}, "skipped_pairs": []}) is None
     assert report.skipped_line({"settings": {"pairs": ["gguf:gguf"]}}) is None  # an older record
+
+
+def test_provenance_names_the_commit_the_run_started_with(monkeypatch):
+    """A tree edited (or a commit made) during a long run is not recorded as what was measured."""
+    from specmac.compare import results
+
+    monkeypatch.setattr(results, "_AT_START", [])
+    shas = iter(["aaa", "bbb+dirty", "bbb+dirty"])
+    monkeypatch.setattr(results, "git_sha", lambda cwd=None: next(shas))
+    assert results.code_measured() == "aaa"  # as the run starts
+    prov = results.provenance("cmd")  # as it writes
+    assert prov["git_sha"] == "aaa" and prov["git_sha_at_end"] == "bbb+dirty"
+    monkeypatch.setattr(results, "git_sha", lambda cwd=None: "aaa")
+    assert "git_sha_at_end" not in results.provenance("cmd")

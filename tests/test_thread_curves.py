@@ -63,8 +63,8 @@ def test_a_thread_count_without_a_kept_curve_derives_it_from_another_counts(tmp_
     one = _target(1, 0.6)
     curve1, path1, how = calibration.kept_curve(one, k_max)
     assert path1 != path2
-    assert how == f"the target's curve derived from the one kept at 2 threads and {len(anchor_widths(k_max))} " \
-                  "widths timed now", how
+    n = len(anchor_widths(k_max))
+    assert how == f"the target's curve derived from the one kept at 2 threads and {n} widths timed now", how
     assert len(one.scored) <= 2 * len(anchor_widths(k_max)) + 4 < full / 2  # the prefill's call too
     truth = np.array([2e-3 * (1 + 0.6 * (n - 1)) for n in range(1, k_max + 2)])
     # the kept curve as it is would read width 9 at 0.59x its cost: the derived one is within 25%

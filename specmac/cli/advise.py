@@ -80,7 +80,9 @@ def advise(target_models, draft_models, backends_text, k_max, prompts, prompts_p
            run_tokens, context, repeats, as_json, plot, out, save, **kw):
     from specmac.cli.advise_workload import advise_prompts
     from specmac.cli.app import sampling_params
+    from specmac.compare.results import code_measured
 
+    code_measured()  # the commit as the run starts: what the record's provenance names
     ranking = kw["draft"] is None or kw["draft"] == "none"
     _check_mode(ranking, {"--k-max": k_max, "--save": save, "--by-category": by_category or None},
                 {"--plot": plot, "--context": context, "--repeats": repeats})

@@ -29,8 +29,10 @@ def probe_parallelism_cmd(backend_name, model, opt, role, n_max, context, repeat
                           plot, out):
     """Does BACKEND verify n tokens in one parallel pass? Batched vs serial score timing."""
     from specmac.backends import load_backend
-    from specmac.compare.results import model_files, plot_parallelism, provenance
+    from specmac.compare.results import code_measured, model_files, plot_parallelism, provenance
     from specmac.probes import SerialBackend, probe_parallelism
+
+    code_measured()  # the commit as the run starts: what the record's provenance names
 
     if repeats < 1:
         raise UserError(f"--repeats {repeats} is out of range: use an integer >= 1")

@@ -36,6 +36,18 @@ def git_sha(cwd: Path = REPO) -> str | None:
     return sha + ("+dirty" if dirty else "")
 
 
+_AT_START: list[str | None] = []  # the commit when this process first asked (``code_measured``)
+
+
+def code_measured() -> str | None:
+    """The commit of the code this process runs: the checkout as it was at the first call (every
+    bench script and compare call it before they measure, through ``provenance`` or directly), so a
+    tree edited during a run is not recorded as what was measured."""
+    if not _AT_START:
+        _AT_START.append(git_sha())
+    return _AT_START[0]
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -117,9 +129,11 @@ def provenance(command: str | None = None, models: Sequence[str | Path | None] =
     from specmac import __version__
     from specmac.backends import libraries, library_version
 
+    start, now = code_measured(), git_sha()
     return {
         "command": command if command is not None else " ".join(sys.argv),
-        "git_sha": git_sha(),
+        "git_sha": start,
+        **({"git_sha_at_end": now} if now != start else {}),  # the tree changed during the run
         "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "specmac": __version__,
         "python": platform.python_version(),
