@@ -278,3 +278,104 @@ def test_lookup_and_hybrid_are_seed_exact_under_the_coupled_sampler(draft, k):
     pair = Pair.load("synthetic", draft)
     plain = pair.plain().generate(prompt, params=params, max_tokens=48, seed=5).token_ids
     assert pair.generate(prompt, params=params, max_tokens=48, seed=5, k=k).token_ids == plain
+
+
+def _extending(beta=0.0, td=0.1):
+    """A hybrid whose model step was just chosen (E(K) 2.5 tokens, 0.3 s of draft), its model kept
+    9 of 10 drafts, and sure matches kept whole: (the hybrid, the text, the model's drafts) where
+    the drafts lead into a stretch the text holds (1 2 3 4 5 6 ... repeated)."""
+    h = hybrid(beta=beta, td=td)
+    h.acc["model"] = [9.0, 10.0]
+    for _ in range(10):
+        h.lookup.bets.observe("sure", 6, 6, False)
+        h.lookup.bets.observe("short", 6, 6, False)
+    h._model_step = (2.5, 0.3)
+    return h, [1, 2, 3, 4, 5, 6, 7, 8] * 3 + [1, 2], [3, 4]
+
+
+def test_model_drafts_that_lead_into_a_copied_stretch_are_extended_where_the_width_is_cheap():
+    h, seq, drafts = _extending(beta=0.0)  # every width costs one pass (torch bf16 on a CPU, nearly)
+    ext = h._extension(seq, drafts, 16)
+    assert len(ext) >= 4 and ext == ([5, 6, 7, 8, 1, 2, 3, 4] * 4)[:len(ext)]
+    assert (h.lookup.last_match, h.lookup.last_kind) == (0, "weak")  # the lookup's own last proposal kept
+    assert h._extension(seq, drafts, 5) == ext[:3]  # within the loop's k: the run's tokens left, the context
+    assert h._extension(seq, drafts, 2) == []
+    h, seq, drafts = _extending(beta=1.0)  # every token of a pass costs a pass (a serial target)
+    assert h._extension(seq, drafts, 16) == []
+    h, seq, _ = _extending(beta=0.0)
+    assert h._extension(seq, [9, 9], 16) == []  # no match of min_match tokens after the drafts
+    h._model_step = None  # the model was not what the step chose
+    assert h._extension(seq, drafts, 16) == []
+
+
+def test_an_extended_proposal_is_learnt_as_the_models_drafts_and_the_extensions_apart():
+    h, seq, drafts = _extending()
+    h.choose = lambda *a: ("synthetic", 2)  # the model's step, 2 drafts
+    h.model.propose = lambda s, k, *a, **kw: (list(drafts), None)
+    h.model_started, h.t_model = True, [0.1]
+    got, q = h.propose(seq, 8, GREEDY, None, 16)
+    assert got[:2] == drafts and len(got) > 2 and q is None
+    ext = got[2:]
+    h.propose([*seq, *drafts, ext[0], 0], 8, GREEDY, None, 16)  # the target kept the drafts and 1 more
+    assert h.acc["model"] == pytest.approx([0.97 * 9 + 2, 0.97 * 10 + 2])  # the model's 2, no rejection
+    assert h.extended["kept"] == 1 and h.extended["steps"] >= 1 and h.extended["proposed"] >= len(ext)
+
+
+def _narrow_model_steps(monkeypatch, width=2):
+    """The hybrid's model steps drafted 2 wide, whatever the costs say, so that a step with k = 8
+    has room to extend them (a test of the extension, not of the choice)."""
+    choose = HybridDrafter.choose
+
+    def narrow(self, *a):
+        source, w = choose(self, *a)
+        return (source, min(w, width)) if source == self.model_source else (source, w)
+
+    monkeypatch.setattr(HybridDrafter, "choose", narrow)
+
+
+def _extended_pair(target, draft):
+    """(the pair, the steps the model's drafts were extended in): on a flat curve (every width one
+    pass, the draft's pass a hundredth), a fixed K of 8."""
+    h = HybridDrafter(LookupDrafter(), ModelDrafter(draft), name=f"lookup+{draft.name}")
+    h.cost = Costs(t1=1.0, beta=0.0, td=0.01, left=None)
+    seen = []
+    extension = h._extension
+    h._extension = lambda *a: seen.append(extension(*a)) or seen[-1]
+    return Pair(target, h), seen
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_extended_proposals_keep_the_targets_distribution(monkeypatch, planted):
+    """The rejection rule over a model's drafts and the lookup's extension of them: the target's
+    distribution exactly (level 2, tests/exact.py). The draft is the target (all its drafts are
+    kept), so the extension is reached; planted, the extension's rows carry no draft probability
+    (its tokens are accepted without the rule), and the test fails."""
+    from specmac.backends.synthetic import SyntheticBackend
+    from specmac.core import hybrid as hybrid_module
+    from tests.exact import level2
+
+    _narrow_model_steps(monkeypatch)
+    if planted:
+        class NoRows(hybrid_module.ChainedRows):
+            def __getitem__(self, i):
+                n = len(self.first)
+                return self.first[i] if i < n else np.zeros(len(self.second[i - n]))
+
+        monkeypatch.setattr(hybrid_module, "ChainedRows", NoRows)
+    kw = {"vocab_size": 6, "seed": 3, "eos_bias": -3.0, "sharpness": 0.5}
+    pair, seen = _extended_pair(SyntheticBackend(role="target", **kw),
+                                SyntheticBackend(role="draft", noise=0.0, **kw))
+    p = level2(pair, SamplingParams(1.0), FixedK(8), n=1000, prompts=[[1, 2, 3, 4, 1, 2, 3, 4, 1, 2]])["p"]
+    assert sum(map(len, seen)) > 150  # extension tokens proposed over the 1000 sequences
+    assert (p < 1e-6) if planted else (p > 1e-3), p
+
+
+@pytest.mark.parametrize("target,draft", [("torch", "gguf"), ("gguf", "torch")])
+def test_greedy_extended_proposals_equal_plain_on_the_embedded_pair(monkeypatch, target, draft):
+    _skip(target, draft)
+    _narrow_model_steps(monkeypatch)
+    t = load_backend(target, None, _opts(target), role="target")
+    pair, seen = _extended_pair(t, load_backend(draft, None, _opts(draft), role="draft"))
+    spec = pair.generate(PROMPT, params=GREEDY, k=FixedK(8), max_tokens=40)
+    assert any(seen) and pair.drafter.extended["steps"] > 0
+    assert spec.token_ids == pair.plain().generate(PROMPT, params=GREEDY, k=1, max_tokens=40).token_ids

@@ -53,6 +53,10 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
             lines.append(f"pass costs for K: {how} ({policy['calibration_s']:.2f} s, not counted)")
         if policy.get("k_choice"):
             lines.append(f"K choice: {policy['k_choice']}")
+        ext = policy.get("hybrid", {}).get("extended") or {}
+        if ext.get("steps"):
+            lines.append(f"the lookup extended the model's drafts in {_n(ext['steps'], 'step')}: "
+                         f"{_n(ext['proposed'], 'token')} proposed, {ext['kept']} kept")
     if r.get("threads"):
         lines.append("CPU threads: " + ", ".join(f"{role} {why}" for role, why in r["threads"].items()))
     ts, total = r["time_split"], r["seconds"]

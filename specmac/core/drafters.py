@@ -212,6 +212,20 @@ class OneHotRows:
         return row
 
 
+class ChainedRows:
+    """q for one proposal drafted by two sources in turn: the first's rows, then the second's."""
+
+    def __init__(self, first, second) -> None:
+        self.first, self.second = first, second
+
+    def __len__(self) -> int:
+        return len(self.first) + len(self.second)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self.first)
+        return self.first[i] if i < n else self.second[i - n]
+
+
 def lookup(seq: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
     """The k tokens after the most recent earlier occurrence of seq's last n-gram (longest n first)."""
     s = np.asarray(seq)

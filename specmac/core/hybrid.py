@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from specmac.core.costs import K_MAX, K_MODEL, model_steps
+from specmac.core.costs import K_MAX, K_MODEL, model_steps, posterior_moments
 from specmac.core.drafters import (
     FACTORIES,
     HYBRID,
+    ChainedRows,
     Drafter,
     ModelDrafter,
     OneHotRows,
@@ -68,6 +69,10 @@ class HybridDrafter(Drafter):
         self.t_model: list[float] = []  # seconds per model pass, from proposals with little to catch up
         self.tokens = {"lookup": 0, "other": 0}  # what the run committed after lookup steps and after others
         self._last: tuple[int, str] | None = None  # (length of the text, source) of the last proposal
+        self._model_step: tuple[float, float] | None = None  # the model step chosen: (E(K), seconds less T)
+        # model drafts extended by the lookup: steps, tokens proposed past the model's, tokens kept of them
+        self.extended = {"steps": 0, "proposed": 0, "kept": 0}
+        self._ext_pending: tuple[int, int, list[int]] | None = None  # (len(seq), model drafts, extension)
 
     @property
     def source(self) -> str:
@@ -98,6 +103,11 @@ class HybridDrafter(Drafter):
             acc[0] = self.decay * acc[0] + a
             acc[1] = self.decay * acc[1] + a + rejected
         self._pending = []
+        if self._ext_pending is not None:
+            n0, k, ext = self._ext_pending
+            got = [int(t) for t in seq[n0 + k : n0 + k + len(ext)]]
+            self.extended["kept"] += _common_prefix(got, ext, len(ext))
+            self._ext_pending = None
 
     def model_steps(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(E(K), the draft's seconds) of a model step with K drafts, predicted as the model's own K
@@ -141,6 +151,7 @@ class HybridDrafter(Drafter):
         ``lookup_kind``: the lookup's kind of match, as its bets name it (``LookupDrafter.last_kind``)."""
         curve = self.cost.curve() if self.cost is not None else np.ones(K_MAX + 2)
         top = len(curve) - 2
+        self._model_step = None
         best = (NONE, 0, 1.0 / curve[1])  # plain decoding
         if n_lookup and self.cost is not None:
             n_lookup = min(n_lookup, self.cost.lookup_cap())
@@ -169,6 +180,7 @@ class HybridDrafter(Drafter):
             i = int(np.argmax(rate))
             if rate[i] > best[2]:
                 best = (self.model_source, int(ks[i]), float(rate[i]))
+                self._model_step = (float(e[i]), float(np.broadcast_to(draft + share, rate.shape)[i]))
             elif left and prefill and not self.model_started and not self.k_choice:
                 free = float(np.max(e / (draft + width)))  # the model's rate were its prefill free
                 if free > best[2]:
@@ -197,17 +209,61 @@ class HybridDrafter(Drafter):
         t0 = time.perf_counter()
         drafts, q = self.model.propose(seq, width, params, rng, n_vocab, noise=noise)
         dt = time.perf_counter() - t0
+        ext = self._extension(seq, drafts, k) if drafts else []
+        if ext:
+            self.extended["steps"] += 1
+            self.extended["proposed"] += len(ext)
+            self._ext_pending = (len(seq), len(drafts), ext)
         if not self.model_started:
             self.model_started = True
             self.model_prefill_s = max(dt - width * self.t_draft1(), 0.0) if self.t_model or self.cost else dt
         elif behind <= 2:
             self.t_model.append(dt / width)
         self._pending.append((len(seq), "model", drafts))
+        if ext:
+            return [*drafts, *ext], ChainedRows(q, OneHotRows(ext, n_vocab)) if q is not None else None
         return drafts, q
+
+    def _extension(self, seq, drafts: list[int], k: int) -> list[int]:
+        """The lookup's continuation of the model's drafts, as far as it pays: where the text with
+        the drafts ends in a match of ``min_match`` tokens or more (short or sure, never weak), its
+        drafts past the model's are verified in the same target pass, at the width w that maximises
+        (E(K) + P(all K kept) E_kind(w)) / (the model step's seconds + T(K + 1 + w)): a copied
+        stretch that the model's drafts lead into is kept further than the model would draft, for
+        the few widths more (about free on a target whose wide pass costs about one token, torch
+        bf16 on a CPU; on llama.cpp's the width is dear and it is rarely bet on). Without costs
+        (a fixed K) it extends nothing; the proposal stays within the loop's ``k`` (the tokens
+        the run has left, the context's room)."""
+        if self.cost is None or self._model_step is None or not self.cost.adaptive:
+            return []
+        curve = self.cost.curve()
+        n_model = len(drafts)
+        room = min(len(curve) - 2, k) - n_model
+        room = min(room, self.cost.lookup_cap())
+        if room < 1:
+            return []
+        lookup = self.lookup
+        last = lookup.last_match, lookup.last_kind
+        try:
+            more, n = lookup.draft([*seq, *drafts], room)
+            kind = lookup.last_kind
+        finally:
+            lookup.last_match, lookup.last_kind = last
+        if not more or n < lookup.min_match or kind not in ("short", "sure"):
+            return []
+        e_k, seconds = self._model_step
+        a, trials = self.acc["model"]
+        all_kept = float(posterior_moments(a, trials - a, n_model)[n_model])
+        w = np.arange(0, len(more) + 1)
+        # the extension's own drafts kept (E(w) less the target's token, which E(K) holds)
+        gain = lookup.bets.expected(kind, len(more)) - 1.0
+        rate = (e_k + all_kept * gain) / (seconds + curve[n_model + 1 + w])
+        return more[:int(np.argmax(rate))]
 
     def info(self) -> dict:
         return {**self.model.info(), "drafter": self.label, "lookup": self.lookup.info(),
                 "steps_by_source": dict(self.steps), "model_prefill_s": self.model_prefill_s,
+                "extended": dict(self.extended),
                 "k_choice": self.k_choice,
                 "alpha": {"model": self.alpha("model"),
                           **{f"lookup_{k}": a for k, a in self.lookup.bets.info()["bet_alpha"].items()}}}
