@@ -379,3 +379,15 @@ def test_greedy_extended_proposals_equal_plain_on_the_embedded_pair(monkeypatch,
     spec = pair.generate(PROMPT, params=GREEDY, k=FixedK(8), max_tokens=40)
     assert any(seen) and pair.drafter.extended["steps"] > 0
     assert spec.token_ids == pair.plain().generate(PROMPT, params=GREEDY, k=1, max_tokens=40).token_ids
+
+
+def test_the_stats_say_how_often_the_lookup_extended_the_models_drafts():
+    from specmac.cli.render import stats_block
+
+    pair = Pair.load("synthetic", "lookup+synthetic", target_options={"latency_ms": 0.0})
+    r = pair.generate("abcdefgh" * 8, params=GREEDY, k=4, max_tokens=8).to_dict()
+    assert r["k_policy"]["hybrid"]["extended"] == {"steps": 0, "proposed": 0, "kept": 0}  # a fixed K: never
+    assert not any("extended" in line for line in stats_block(r, True))
+    r["k_policy"]["hybrid"]["extended"] = {"steps": 3, "proposed": 7, "kept": 5}
+    want = "the lookup extended the model's drafts in 3 steps: 7 tokens proposed, 5 kept"
+    assert want in stats_block(r, True)

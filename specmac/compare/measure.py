@@ -138,9 +138,11 @@ def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] 
                     g = pairs[c.id].generate(ids[c.target][i], params=settings.params, k=c.k_arg,
                                              max_tokens=prompt.get("max_tokens", settings.max_tokens),
                                              seed=seed)
+                    extended = getattr(pairs[c.id].drafter, "extended", None)  # a hybrid's, this run's
                     rnd.append(run_record(c, prompt["id"], r, seed, g.stats, g.token_ids)
                                | {"category": prompt.get("category", ""),
-                                  "threads": pairs[c.id].threads_now()})
+                                  "threads": pairs[c.id].threads_now()}
+                               | ({"extended": dict(extended)} if extended is not None else {}))
                     tick(f"{c.id} {prompt['id']} r{r + 1}")
                 runs += rnd
                 if on_round is not None:
