@@ -382,10 +382,14 @@ def test_greedy_extended_proposals_equal_plain_on_the_embedded_pair(monkeypatch,
 
 
 def test_the_stats_say_how_often_the_lookup_extended_the_models_drafts():
+    import json
+
     from specmac.cli.render import stats_block
 
-    pair = Pair.load("synthetic", "lookup+synthetic", target_options={"latency_ms": 0.0})
-    r = pair.generate("abcdefgh" * 8, params=GREEDY, k=4, max_tokens=8).to_dict()
+    res = CliRunner().invoke(main, ["run", "--target", "synthetic", "--draft", "lookup+synthetic", "--k", "4",
+                                    "--max-tokens", "8", "--json", "abcdefgh" * 8])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.output)
     assert r["k_policy"]["hybrid"]["extended"] == {"steps": 0, "proposed": 0, "kept": 0}  # a fixed K: never
     assert not any("extended" in line for line in stats_block(r, True))
     r["k_policy"]["hybrid"]["extended"] = {"steps": 3, "proposed": 7, "kept": 5}
