@@ -15,7 +15,8 @@ from specmac.core.thread_curves import anchor_widths, derive_curve
 
 
 def test_anchor_widths():
-    assert anchor_widths(32) == [1, 2, 4, 8, 16, 32, 33]
+    assert anchor_widths(32) == [1, 2, 4, 8, 16, 33]
+    assert anchor_widths(8) == [1, 2, 4, 9]
     assert anchor_widths(3) == [1, 2, 4]
     assert anchor_widths(1) == [1, 2]
 

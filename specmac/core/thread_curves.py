@@ -52,8 +52,9 @@ def sibling_curve(directory: Path, ident: dict, n_widths: int) -> tuple[list[flo
 
 
 def anchor_widths(width: int) -> list[int]:
-    """The widths a derived curve is timed at: powers of two below width + 1, and width + 1."""
-    return sorted({1 << i for i in range((width + 1).bit_length()) if 1 << i <= width + 1} | {width + 1})
+    """The widths a derived curve is timed at: the powers of two up to half of width + 1, and
+    width + 1 (the widest passes cost the most to time: one of them is enough up there)."""
+    return sorted({1 << i for i in range((width + 1).bit_length()) if 2 << i <= width + 1} | {width + 1})
 
 
 def anchor_costs(target: BaseBackend, width: int, repeats: int = 2, context: int = 16) -> dict[int, float]:
