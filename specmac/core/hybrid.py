@@ -14,7 +14,9 @@ model, whose prefill cannot yet be weighed, is not started) and the model's pass
 timed; the model's acceptance from what the target kept of its drafts, forgotten slowly, and the
 lookup's from its own bets (how far each kind of its matches was kept, depth by depth).
 ``source`` names the choice of the last proposal, so the loop's events (and the run's stats)
-say how often each source drafted.
+say how often each source drafted. Under ``k="auto"`` a model step whose drafts lead into a stretch
+the text holds is extended by the lookup's continuation, verified in the same pass as far as it
+pays (``_extension``; ``extended`` counts it).
 """
 
 from __future__ import annotations
