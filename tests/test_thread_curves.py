@@ -90,3 +90,22 @@ def test_no_curve_is_derived_from_another_target(tmp_path, monkeypatch):
     other.resolved["seed"] = 7  # another model
     _, _, how = calibration.kept_curve(other, 4)
     assert how == "" and len(other.scored) > 2 * len(anchor_widths(4)) + 4
+
+
+@pytest.mark.parametrize("how", ["nan", "x1000", "strings"])
+def test_a_kept_curve_at_another_count_that_lies_is_not_believed(tmp_path, monkeypatch, how):
+    """A sibling curve that holds no finite positive times is not derived from (the curve is
+    measured whole); one scaled by any factor gives the same derived curve, as the timed widths set
+    the scale."""
+    monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path))
+    _, path2, _ = calibration.kept_curve(_target(2, 0.3), 8)
+    entry = json.loads(path2.read_text())
+    t = entry["t_target"]
+    entry["t_target"] = {"nan": [float("nan")] + t[1:], "x1000": [x * 1000 for x in t],
+                         "strings": ["fast"] * len(t)}[how]
+    path2.write_text(json.dumps(entry))
+    one = _target(1, 0.6)
+    curve, _, how_now = calibration.kept_curve(one, 8)
+    assert ("derived" in how_now) == (how == "x1000"), how_now
+    truth = np.array([2e-3 * (1 + 0.6 * (n - 1)) for n in range(1, 10)])
+    assert np.all(np.abs(np.array(curve) / truth - 1) < 0.25)
