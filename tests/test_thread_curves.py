@@ -13,6 +13,8 @@ from specmac.backends.synthetic import SyntheticBackend
 from specmac.core import calibration
 from specmac.core.thread_curves import anchor_widths, derive_curve
 
+T1 = 5e-3  # a one-token pass of the synthetic targets, seconds: long beside a sleep's overshoot
+
 
 def test_anchor_widths():
     assert anchor_widths(32) == [1, 2, 4, 8, 16, 33]
@@ -36,9 +38,9 @@ def test_a_derived_curve_keeps_the_kept_curves_steps():
 
 def _target(threads: int, per_width: float):
     """A synthetic target whose identity names a thread count, each extra width costing
-    ``per_width`` of a one-token pass (2 ms): more per width at fewer threads, as compute-bound
+    ``per_width`` of a one-token pass (T1): more per width at fewer threads, as compute-bound
     wide passes are."""
-    t = SyntheticBackend(latency_ms=2.0)
+    t = SyntheticBackend(latency_ms=T1 * 1e3)
     t.resolved |= {"n_threads": threads, "n_threads_batch": threads}
     t.scored = []
 
@@ -48,7 +50,7 @@ def _target(threads: int, per_width: float):
         t.scored.append(len(tokens))
         return score(tokens)
 
-    t._simulate_cost = lambda n: time.sleep(2e-3 * (1 + per_width * (n - 1)))
+    t._simulate_cost = lambda n: time.sleep(T1 * (1 + per_width * (n - 1)))
     t.score = scored
     return t
 
@@ -67,7 +69,7 @@ def test_a_thread_count_without_a_kept_curve_derives_it_from_another_counts(tmp_
     n = len(anchor_widths(k_max))
     assert how == f"the target's curve derived from the one kept at 2 threads and {n} widths timed now", how
     assert len(one.scored) <= 2 * len(anchor_widths(k_max)) + 4 < full / 2  # the prefill's call too
-    truth = np.array([2e-3 * (1 + 0.6 * (n - 1)) for n in range(1, k_max + 2)])
+    truth = np.array([T1 * (1 + 0.6 * (n - 1)) for n in range(1, k_max + 2)])
     # the kept curve as it is would read width 9 at 0.59x its cost: the derived one is within 25%
     assert np.all(np.abs(np.array(curve1) / truth - 1) < 0.25), np.array(curve1) / truth
     entry = json.loads(path1.read_text())
@@ -107,5 +109,5 @@ def test_a_kept_curve_at_another_count_that_lies_is_not_believed(tmp_path, monke
     one = _target(1, 0.6)
     curve, _, how_now = calibration.kept_curve(one, 8)
     assert ("derived" in how_now) == (how == "x1000"), how_now
-    truth = np.array([2e-3 * (1 + 0.6 * (n - 1)) for n in range(1, 10)])
+    truth = np.array([T1 * (1 + 0.6 * (n - 1)) for n in range(1, 10)])
     assert np.all(np.abs(np.array(curve) / truth - 1) < 0.25)
