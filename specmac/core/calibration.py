@@ -25,7 +25,7 @@ import numpy as np
 from specmac.backends import BaseBackend
 from specmac.backends.conversion.cache import signature
 from specmac.core.policy import AdaptiveK
-from specmac.core.thread_curves import anchor_costs, derive_curve, sibling_curve
+from specmac.core.thread_curves import anchor_widths, derive_curve, sibling_curve
 from specmac.core.timing import probe_tokens, time_single, timed
 from specmac.errors import SpecmacError
 from specmac.files import cache_home, write_json
@@ -43,9 +43,17 @@ def pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
     preempted pass does not make a width look slow or fast for every run after; 1 where they are
     measured for one run only (``cache=False``), whose own steps refine the curve.
     """
+    costs = sweep_costs(target, list(range(1, k_max + 2)), repeats, context)
+    return list(costs.values()), draft_pass(draft, context)
+
+
+def sweep_costs(target: BaseBackend, widths: list[int], repeats: int = 1,
+                context: int = 16) -> dict[int, float]:
+    """{n: T_t(n)} for the ascending ``widths`` (1 first), seconds, timed as ``pass_costs`` times
+    them: a warm-up pass at the widest and at one token, then ``repeats`` sweeps; T(1) the median
+    of ``repeats`` + 2, every other width of ``repeats``."""
     if repeats < 1:
         raise ValueError(f"repeats {repeats} is out of range: use 1 or more")
-    widths = list(range(1, k_max + 2))
     ids = probe_tokens(target, context + widths[-1])
     try:
         target.reset()
@@ -56,8 +64,7 @@ def pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
             times.setdefault(n, []).append(timed(target, lambda n=n: target.score(ids[context:context + n])))
     finally:
         target.reset()
-    return ([float(np.median(times[1][-(repeats + 2):]))] +
-            [float(np.median(times[w][-repeats:])) for w in widths[1:]], draft_pass(draft, context))
+    return {n: float(np.median(times[n][-(repeats + 2 if n == 1 else repeats):])) for n in widths}
 
 
 def draft_pass(draft: BaseBackend | None, context: int = 16) -> float:
@@ -242,7 +249,7 @@ def _derived_curve(target: BaseBackend, ident: dict, path: Path,
     sibling = sibling_curve(costs_dir(), ident, width + 1)
     if sibling is None:
         return None
-    (other, threads), fresh = sibling, anchor_costs(target, width)
+    (other, threads), fresh = sibling, sweep_costs(target, anchor_widths(width), repeats=2)
     curve = derive_curve(other[:width + 1], fresh)
     try:
         write_json(path, {"t_target": curve, "measured": time.time(), "identity": ident,

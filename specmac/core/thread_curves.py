@@ -3,7 +3,8 @@
 The thread fit (backends/threads.py) gives a target fewer threads than its default on a busy
 machine. Each thread count has its own kept curve (calibration.kept_curve), and measuring a new
 one takes tens of seconds on a 1.5B model, inside the run that asked for it. Where a curve is kept
-at another count, a few widths timed now and that curve's shape give this count's curve in seconds.
+at another count, a few widths timed now (``anchor_widths``, timed by calibration.sweep_costs) and
+that curve's shape give this count's curve in seconds. Pure: the timing is the caller's.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-
-from specmac.backends import BaseBackend
-from specmac.core.timing import probe_tokens, timed
 
 
 def _without_threads(ident: dict) -> tuple[dict, int | None]:
@@ -55,24 +53,6 @@ def anchor_widths(width: int) -> list[int]:
     """The widths a derived curve is timed at: the powers of two up to half of width + 1, and
     width + 1 (the widest passes cost the most to time: one of them is enough up there)."""
     return sorted({1 << i for i in range((width + 1).bit_length()) if 2 << i <= width + 1} | {width + 1})
-
-
-def anchor_costs(target: BaseBackend, width: int, repeats: int = 2, context: int = 16) -> dict[int, float]:
-    """{n: T_t(n)} at ``anchor_widths(width)``, the median of ``repeats`` sweeps (T(1): of
-    ``repeats`` + 1) after a warm-up pass at the widest and at one token: a few seconds on a 1.5B
-    model where the whole curve takes tens."""
-    widths = anchor_widths(width)
-    ids = probe_tokens(target, context + widths[-1])
-    times: dict[int, list[float]] = {}
-    try:
-        target.reset()
-        target.prefill(ids[:context])
-        for n in (widths[-1], 1, *widths * repeats, 1):
-            target.rewind(context)
-            times.setdefault(n, []).append(timed(target, lambda n=n: target.score(ids[context:context + n])))
-    finally:
-        target.reset()
-    return {n: float(np.median(times[n][1:] if n in (1, widths[-1]) else times[n])) for n in widths}
 
 
 def derive_curve(other: list[float], fresh: dict[int, float]) -> list[float]:
