@@ -298,6 +298,7 @@ def test_model_drafts_that_lead_into_a_copied_stretch_are_extended_where_the_wid
     ext = h._extension(seq, drafts, 16)
     assert len(ext) >= 4 and ext == ([5, 6, 7, 8, 1, 2, 3, 4] * 4)[:len(ext)]
     assert (h.lookup.last_match, h.lookup.last_kind) == (0, "weak")  # the lookup's own last proposal kept
+    assert h.lookup.index.tokens == seq  # its index holds the committed text, not the model's drafts
     assert h._extension(seq, drafts, 5) == ext[:3]  # within the loop's k: the run's tokens left, the context
     assert h._extension(seq, drafts, 2) == []
     h, seq, drafts = _extending(beta=1.0)  # every token of a pass costs a pass (a serial target)

@@ -249,8 +249,9 @@ class HybridDrafter(Drafter):
         try:
             more, n = lookup.draft([*seq, *drafts], room)
             kind = lookup.last_kind
-        finally:
+        finally:  # the lookup as it was: its last proposal's match, an index of the committed text only
             lookup.last_match, lookup.last_kind = last
+            lookup.index.truncate(len(seq))
         if not more or n < lookup.min_match or kind not in ("short", "sure"):
             return []
         e_k, seconds = self._model_step
