@@ -483,3 +483,33 @@ def test_pass_costs_are_kept_between_runs(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path / "file"))  # cannot hold a folder
     unkept = adaptive_policy(pair.target, pair.drafter.backend)
     assert unkept.prior is not None and not unkept.calibration_cached and len(calls) == 6
+
+
+def test_one_slow_step_does_not_shift_every_width():
+    """The run's residual against the measured curve (the loop's overhead, a slower machine) is the
+    median of its recent steps': one step stalled by 2 s (a page fault, a preemption) among steps 1
+    ms over the curve moves no width it did not time. Were it the mean, every such width would cost
+    about 2 s / 12 more: a curve of 10-26 ms read as flat, where the widest costs hardly more than one
+    token. A machine that slows for good (20 ms a step) moves every width within 9 steps."""
+    from types import SimpleNamespace
+
+    from specmac.core.estimate import CostEstimator
+
+    truth = np.array([10e-3 * (1 + 0.1 * n) for n in range(17)])  # T(n) for n = 1..17
+
+    def step(est, d, extra):
+        est.observe(SimpleNamespace(n_drafted=d, n_accepted=d, t_draft=1e-3 * d,
+                                    t_target=float(truth[d]) + extra, t_other=0.0))
+
+    est = CostEstimator()
+    est.set_costs(list(truth), 1e-3)
+    for i in range(12):  # widths 4 and 6 only; the second step stalls
+        step(est, 3 if i % 2 else 5, 2.0 if i == 1 else 1e-3)
+    curve = est.curve()
+    for n in (1, 2, 9, 17):  # widths the run did not time
+        assert curve[n] == pytest.approx(truth[n - 1] + 1e-3, abs=1e-4), n
+    assert curve[17] / curve[1] > 2.0  # the curve's shape stands
+
+    for _ in range(9):  # the machine now 20 ms slower a step
+        step(est, 3, 20e-3)
+    assert est.curve()[9] == pytest.approx(truth[8] + 20e-3, abs=1e-4)
