@@ -1,0 +1,129 @@
+"""How far any choice of draft could go on the recorded texts: a bound, beside what specmac's drafters do.
+
+    python bench/replay_oracle.py        # results/replay/oracle.md, oracle.json
+
+Over the greedy texts ``bench/replay_drafters.py record`` wrote, on the same T(n) curves and draft
+costs as its replay, a dynamic programme finds the fastest way through each text for a drafter
+that knows in hindsight how far every proposal will be kept, and bets exactly that far:
+
+- **lookup**: at every position, any of the lookup's candidate continuations (its longest earlier
+  match, ``LookupDrafter.candidates``, up to ``K_MAX``) at any width, or a plain step;
+- **model**: any K up to ``K_MODEL`` of the 0.5B draft's greedy drafts (K passes of it, then a
+  pass of K + 1), or a plain step; the draft's prefill of the prompt paid once;
+- **both**: either, step by step (the prefill paid where the model is used at all).
+
+It is a bound, not a prediction: it sees the future, and leaves out the draft's catching up after
+lookup steps, the loop's own work and the machine's noise. Where the bound is below a budget, no K
+policy over these drafters can meet it on these texts and curves. ``replayed``: the drafter specmac
+runs (``bench/replay_drafters.py replay``, K auto), for how near it comes.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+import numpy as np
+from replay_drafters import OUT, TARGETS, Clock, load_targets, replay
+
+import specmac.core.hybrid as hybrid_module
+from specmac.compare.results import provenance, write_json
+from specmac.core.costs import K_MAX, K_MODEL
+from specmac.core.lookup import LookupDrafter
+
+PREFILL_S = 5e-3  # the draft's prefill per token, as bench/replay_drafters.py's default
+
+
+def kept_runs(text: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per position of the output: how many tokens from there the best lookup candidate would have
+    kept (at most K_MAX), and how many the model's greedy drafts would (at most K_MODEL)."""
+    prompt, out, guess = text["prompt"], text["output"], text["draft_guess"]
+    n = len(out)
+    lookup, model = np.zeros(n, int), np.zeros(n, int)
+    index = LookupDrafter()
+    index.trim(0)
+    for pos in range(n):
+        room = n - pos - 1
+        _, cands = index.candidates(prompt + out[:pos], min(K_MAX, room)) if room else (0, [])
+        for cont, _ in cands:
+            a = 0
+            while a < len(cont) and cont[a] == out[pos + a]:
+                a += 1
+            lookup[pos] = max(lookup[pos], a)
+        a = 0
+        while a < min(K_MODEL, room) and guess[pos + a] == out[pos + a]:
+            a += 1
+        model[pos] = a
+    return lookup, model
+
+
+def fastest(n: int, curve: np.ndarray, t_draft: float, lookup: np.ndarray | None,
+            model: np.ndarray | None) -> float:
+    """Seconds of the fastest way through n tokens: dp[pos] = min over the steps from pos. Where a
+    proposal would be kept a tokens, a step keeps w < a drafts at the cost of a bet of w, and all a
+    at the cheapest bet of a or wider (the curve is no line: a wider pass can cost less,
+    results/probes_wide); a model step pays its K passes too."""
+    top = min(K_MAX, len(curve) - 2)
+    widths = np.arange(top + 1)
+    look = curve[widths + 1]
+    wide = np.minimum.accumulate(look[::-1])[::-1]  # wide[w] = the cheapest bet of w or wider
+    ks = np.arange(K_MODEL + 1)
+    mod = ks * t_draft + curve[ks + 1]
+    mod_wide = np.minimum.accumulate(mod[::-1])[::-1]
+    dp = np.zeros(n + 1)
+    for pos in range(n - 1, -1, -1):
+        best = curve[1] + dp[pos + 1]
+        for run, cost, cost_wide in ((None if lookup is None else lookup[pos], look, wide),
+                                     (None if model is None else model[pos], mod, mod_wide)):
+            if run:
+                w = np.arange(1, run + 1)
+                step = np.where(w == run, cost_wide[w], cost[w])
+                best = min(best, float(np.min(step + dp[pos + w + 1])))
+        dp[pos] = best
+    return float(dp[0])
+
+
+def main() -> None:
+    hybrid_module.time = Clock
+    rows = []
+    for target, _, texts, curve, share in load_targets(OUT):
+        t_draft = share * curve[1]
+        for text in texts:
+            lookup, model = kept_runs(text)
+            n, plain = len(text["output"]), len(text["output"]) * curve[1]
+            prefill = len(text["prompt"]) * PREFILL_S
+            bound = {"lookup": fastest(n, curve, t_draft, lookup, None),
+                     "model": fastest(n, curve, t_draft, None, model) + prefill}
+            bound["both"] = min(bound["lookup"], fastest(n, curve, t_draft, lookup, model) + prefill)
+            replayed = {d: replay(d, text, curve, t_draft, PREFILL_S)[0]
+                        for d in ("lookup", "model", "hybrid")}
+            rows.append({"target": target, "id": text["id"], "category": text["category"],
+                         "bound": {k: plain / v for k, v in bound.items()}, "replayed": replayed})
+            print(target, text["id"], {k: round(plain / v, 2) for k, v in bound.items()}, file=sys.stderr)
+    command = "python bench/replay_oracle.py " + " ".join(sys.argv[1:])
+    write_json(OUT / "oracle.json", {"format": "specmac.bench.replay_oracle/1",
+                                     "provenance": provenance(command), "prefill_s_per_token": PREFILL_S,
+                                     "rows": rows})
+    lines = ["# The fastest any choice of draft could go on the recorded texts (a bound)", "",
+             f"`{command}` (texts: `python bench/replay_drafters.py record`; method: the script's docstring)",
+             "", "Mean over each category's texts of the speedup over plain decoding: the bound for a "
+             "drafter that knows how far each proposal will be kept (lookup, model, both), and specmac's "
+             "drafters replayed with K auto.", ""]
+    for target in TARGETS:
+        lines += [f"## {target}", "", "| category | bound: lookup | bound: model | bound: both | "
+                  "replayed: lookup | replayed: model | replayed: hybrid |", "|---|" + "---:|" * 6]
+        by_cat = collections.defaultdict(list)
+        for r in rows:
+            if r["target"] == target:
+                by_cat[r["category"]].append(r)
+        for cat, rs in by_cat.items():
+            b = [np.mean([r["bound"][k] for r in rs]) for k in ("lookup", "model", "both")]
+            p = [np.mean([r["replayed"][k] for r in rs]) for k in ("lookup", "model", "hybrid")]
+            lines.append(f"| {cat} | " + " | ".join(f"{v:.2f}\u00d7" for v in [*b, *p]) + " |")
+        lines.append("")
+    (OUT / "oracle.md").write_text("\n".join(lines), "utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
