@@ -121,7 +121,7 @@ class ReplayedModel:
         kept = 0
         while kept < k and pos + kept < len(out) and guess[pos + kept] == out[pos + kept]:
             kept += 1
-        drafts = out[pos:pos + kept] + guess[pos + kept:pos + kept + 1]
+        drafts = (out[pos:pos + kept] + guess[pos + kept:pos + kept + 1])[:k]  # k drafts, no more
         drafts += [0] * (k - len(drafts))
         self.seen = list(seq) + drafts[:-1]
         return drafts, None
