@@ -62,22 +62,23 @@ def fastest(n: int, curve: np.ndarray, t_draft: float, lookup: np.ndarray | None
     """Seconds of the fastest way through n tokens: dp[pos] = min over the steps from pos. Where a
     proposal would be kept a tokens, a step keeps w < a drafts at the cost of a bet of w, and all a
     at the cheapest bet of a or wider (the curve is no line: a wider pass can cost less,
-    results/probes_wide); a model step pays its K passes too."""
+    results/probes_wide; on torch bf16 T(2) < T(1)); a model step pays its K passes too."""
     top = min(K_MAX, len(curve) - 2)
-    widths = np.arange(top + 1)
-    look = curve[widths + 1]
-    wide = np.minimum.accumulate(look[::-1])[::-1]  # wide[w] = the cheapest bet of w or wider
+    look = curve[np.arange(top + 1) + 1]  # look[w]: a bet of w drafts
     ks = np.arange(K_MODEL + 1)
-    mod = ks * t_draft + curve[ks + 1]
-    mod_wide = np.minimum.accumulate(mod[::-1])[::-1]
+    mod = ks * t_draft + curve[ks + 1]  # mod[k]: k drafts of the model, then their pass
+    sources = [(runs, cost, np.minimum.accumulate(cost[::-1])[::-1])  # cheapest bet of w or wider
+               for runs, cost in ((lookup, look), (model, mod)) if runs is not None]
     dp = np.zeros(n + 1)
     for pos in range(n - 1, -1, -1):
         best = curve[1] + dp[pos + 1]
-        for run, cost, cost_wide in ((None if lookup is None else lookup[pos], look, wide),
-                                     (None if model is None else model[pos], mod, mod_wide)):
-            if run:
+        for runs, cost, wide in sources:
+            run = int(runs[pos])
+            if not run:  # its first draft rejected (or none): the cheapest pass of any width keeps none
+                best = min(best, wide[0] + dp[pos + 1])
+            else:
                 w = np.arange(1, run + 1)
-                step = np.where(w == run, cost_wide[w], cost[w])
+                step = np.where(w == run, wide[w], cost[w])
                 best = min(best, float(np.min(step + dp[pos + w + 1])))
         dp[pos] = best
     return float(dp[0])
@@ -93,7 +94,7 @@ def main() -> None:
             n, plain = len(text["output"]), len(text["output"]) * curve[1]
             prefill = len(text["prompt"]) * PREFILL_S
             bound = {"lookup": fastest(n, curve, t_draft, lookup, None),
-                     "model": fastest(n, curve, t_draft, None, model) + prefill}
+                     "model": min(plain, fastest(n, curve, t_draft, None, model) + prefill)}
             bound["both"] = min(bound["lookup"], fastest(n, curve, t_draft, lookup, model) + prefill)
             replayed = {d: replay(d, text, curve, t_draft, PREFILL_S)[0]
                         for d in ("lookup", "model", "hybrid")}
