@@ -118,9 +118,7 @@ class ReplayedModel:
         Clock.t += max(behind * self.prefill, self.t_pass) + (k - 1) * self.t_pass
         out, guess = self.text["output"], self.text["draft_guess"]
         pos = len(seq) - len(self.text["prompt"])
-        kept = 0
-        while kept < k and pos + kept < len(out) and guess[pos + kept] == out[pos + kept]:
-            kept += 1
+        kept = common_prefix(guess[pos:pos + k], out[pos:pos + k], k)
         drafts = (out[pos:pos + kept] + guess[pos + kept:pos + kept + 1])[:k]  # k drafts, no more
         drafts += [0] * (k - len(drafts))
         self.seen = list(seq) + drafts[:-1]

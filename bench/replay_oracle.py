@@ -28,6 +28,7 @@ from replay_drafters import OUT, TARGETS, Clock, load_targets, replay
 
 import specmac.core.hybrid as hybrid_module
 from specmac.compare.results import provenance, write_json
+from specmac.core.bets import common_prefix
 from specmac.core.costs import K_MAX, K_MODEL
 from specmac.core.lookup import LookupDrafter
 
@@ -45,15 +46,8 @@ def kept_runs(text: dict) -> tuple[np.ndarray, np.ndarray]:
     for pos in range(n):
         room = n - pos - 1
         _, cands = index.candidates(prompt + out[:pos], min(K_MAX, room)) if room else (0, [])
-        for cont, _ in cands:
-            a = 0
-            while a < len(cont) and cont[a] == out[pos + a]:
-                a += 1
-            lookup[pos] = max(lookup[pos], a)
-        a = 0
-        while a < min(K_MODEL, room) and guess[pos + a] == out[pos + a]:
-            a += 1
-        model[pos] = a
+        lookup[pos] = max((common_prefix(out[pos:], cont, len(cont)) for cont, _ in cands), default=0)
+        model[pos] = common_prefix(guess[pos:], out[pos:], min(K_MODEL, room))
     return lookup, model
 
 

@@ -488,9 +488,10 @@ def test_pass_costs_are_kept_between_runs(monkeypatch, tmp_path):
 def test_one_slow_step_does_not_shift_every_width():
     """The run's residual against the measured curve (the loop's overhead, a slower machine) is the
     median of its recent steps': one step stalled by 2 s (a page fault, a preemption) among steps 1
-    ms over the curve moves no width it did not time. Were it the mean, every such width would cost
-    about 2 s / 12 more: a curve of 10-26 ms read as flat, where the widest costs hardly more than one
-    token. A machine that slows for good (20 ms a step) moves every width within 9 steps."""
+    ms over the curve moves no width it did not time. Were it the mean (of the 11 steps after the
+    first, which is not counted), every such width would cost about 2 s / 11 more: a curve of
+    10-26 ms read as flat, where the widest costs hardly more than one token. A machine that slows
+    for good (20 ms a step) moves every width within 9 steps."""
     from types import SimpleNamespace
 
     from specmac.core.estimate import CostEstimator
