@@ -16,6 +16,11 @@ from specmac.core.thread_curves import anchor_widths, derive_curve
 T1 = 5e-3  # a one-token pass of the synthetic targets, seconds: long beside a sleep's overshoot
 
 
+def cost(n, per_width: float):
+    """Seconds of a pass over n tokens of ``_target(threads, per_width)``."""
+    return T1 * (1 + per_width * (np.asarray(n) - 1))
+
+
 def test_anchor_widths():
     assert anchor_widths(32) == [1, 2, 4, 8, 16, 33]
     assert anchor_widths(8) == [1, 2, 4, 9]
@@ -50,7 +55,7 @@ def _target(threads: int, per_width: float):
         t.scored.append(len(tokens))
         return score(tokens)
 
-    t._simulate_cost = lambda n: time.sleep(T1 * (1 + per_width * (n - 1)))
+    t._simulate_cost = lambda n: time.sleep(float(cost(n, per_width)))
     t.score = scored
     return t
 
@@ -70,7 +75,7 @@ def test_a_thread_count_without_a_kept_curve_derives_it_from_another_counts(tmp_
     assert how == f"the target's curve derived from the one kept at 2 threads and {n} widths timed now", how
     # two sweeps of the timed widths, two warm-up passes, two more one-token passes, the prefill's call
     assert len(one.scored) == 2 * n + 5 < full / 2
-    truth = np.array([T1 * (1 + 0.6 * (n - 1)) for n in range(1, k_max + 2)])
+    truth = cost(np.arange(1, k_max + 2), 0.6)
     # the kept curve as it is would read width 9 at 0.59x its cost: the derived one is within 25%
     assert np.all(np.abs(np.array(curve1) / truth - 1) < 0.25), np.array(curve1) / truth
     entry = json.loads(path1.read_text())
@@ -110,5 +115,5 @@ def test_a_kept_curve_at_another_count_that_lies_is_not_believed(tmp_path, monke
     one = _target(1, 0.6)
     curve, _, how_now = calibration.kept_curve(one, 8)
     assert ("derived" in how_now) == (how == "x1000"), how_now
-    truth = np.array([T1 * (1 + 0.6 * (n - 1)) for n in range(1, 10)])
+    truth = cost(np.arange(1, 10), 0.6)
     assert np.all(np.abs(np.array(curve) / truth - 1) < 0.25)
