@@ -74,16 +74,46 @@ def record(models_dir: Path, out: Path, target_model: Path, backend: str = "gguf
         ids = pair.target.encode(pair.target.apply_chat_template(p.get("messages") or p["text"]))
         n = 256 if p["category"] == "code_editing" else 96
         output = [int(t) for t in pair.generate(ids, params=GREEDY, k=1, max_tokens=n).token_ids]
-        full, guesses = ids + output, []
-        draft.reset()
-        draft.prefill(full[:len(ids) - 1])
-        for i in range(len(ids) - 1, len(full) - 1, 64):  # guess j: output[j] given ids + output[:j]
-            guesses += [int(t) for t in np.asarray(draft.score(full[i:min(i + 64, len(full) - 1)])).argmax(1)]
+        guesses, confidence = teacher_forced(draft, ids, output)
         texts.append({"id": p["id"], "category": p["category"], "prompt": ids, "output": output,
-                      "draft_guess": guesses})
+                      "draft_guess": guesses, "draft_p": confidence})
         print(p["id"], len(ids), len(output), file=sys.stderr, flush=True)
     write_json(out, {"provenance": provenance(None, [target_model, models_dir / QWEN_05B_GGUF]),
                      "texts": texts})
+
+
+def teacher_forced(draft, ids: list[int], output: list[int]) -> tuple[list[int], list[float]]:
+    """The draft's greedy guess of every output token given the text before it, and its probability
+    of that guess (one teacher-forced pass: guess j is output[j]'s, given ids + output[:j])."""
+    full, guesses, confidence = ids + output, [], []
+    draft.reset()
+    draft.prefill(full[:len(ids) - 1])
+    for i in range(len(ids) - 1, len(full) - 1, 64):
+        rows = np.asarray(draft.score(full[i:min(i + 64, len(full) - 1)]), np.float64)
+        guesses += [int(t) for t in rows.argmax(1)]
+        top = rows.max(1, keepdims=True)
+        confidence += [float(c) for c in 1.0 / np.exp(rows - top).sum(1)]
+    return guesses, confidence
+
+
+def add_confidence(models_dir: Path, out: Path) -> None:
+    """Add the draft's probability of each guess (``draft_p``) to texts recorded without it; the
+    guesses must come out as recorded."""
+    from specmac.backends import load_backend
+
+    draft = load_backend("gguf", str(models_dir / QWEN_05B_GGUF), None, role="draft")
+    for _, (_, _, name) in TARGETS.items():
+        path = out / name
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        for t in data["texts"]:
+            guesses, t["draft_p"] = teacher_forced(draft, t["prompt"], t["output"])
+            same = np.mean(np.array(guesses) == np.array(t["draft_guess"]))
+            print(name, t["id"], f"guesses as recorded: {same:.3f}", file=sys.stderr, flush=True)
+        data["draft_p_provenance"] = provenance("python bench/replay_drafters.py " + " ".join(sys.argv[1:]),
+                                                [models_dir / QWEN_05B_GGUF])
+        write_json(path, data)
 
 
 class Clock:
@@ -265,7 +295,7 @@ def figure(rows: list[dict], title: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=["record", "replay", "kinds"])
+    ap.add_argument("step", choices=["record", "confidence", "replay", "kinds"])
     add_models_dir(ap)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--target-model", type=Path, default=None,
@@ -281,6 +311,9 @@ def main() -> None:
     if args.step == "record":
         record(args.models_dir, args.out / args.texts, args.target_model or args.models_dir / QWEN_15B_GGUF,
                args.target_backend, dict(o.split("=", 1) for o in args.target_opt) or None)
+        return
+    if args.step == "confidence":
+        add_confidence(args.models_dir, args.out)
         return
     hybrid_module.time = Clock  # the hybrid times its model's proposals: on the replay's clock
     if args.step == "kinds":

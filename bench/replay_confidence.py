@@ -1,0 +1,132 @@
+"""Would the draft's own confidence say when to stop drafting? A replay over the recorded texts.
+
+    python bench/replay_drafters.py confidence --models-dir /work/models   # once: adds draft_p
+    python bench/replay_confidence.py                                      # results/replay/confidence.md
+
+llama.cpp's speculative decoding stops a draft at the first token the draft model gives less than
+``p_min`` (``--draft-p-min``, 0.75 by default), and transformers' assisted generation has
+``assistant_confidence_threshold``. specmac's model draft is cut only by the K its policy chose
+from the running acceptance. This script asks, on the recorded greedy texts of
+bench/replay_drafters.py, (1) how well the draft's probability of its guess (``draft_p``: the
+softmax of its teacher-forced row at the guess) predicts that the target keeps it, and (2) what
+stopping by it would have made of the model draft and the hybrid under ``--k auto``, the policy's
+K as the cap: at the first draft after the first whose probability is below ``p_min``, or whose
+running product of probabilities (the chance, as the draft sees it, that all drafts so far are
+kept) is below ``tau``. A stopped proposal pays the draft pass that showed the low probability.
+Past a draft the target rejects, the recorded probabilities are the teacher-forced ones, not
+those after the draft's own wrong token: a stand-in. Same clock, curves and draft costs as
+bench/replay_drafters.py; a prediction, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import replay_drafters as rd
+
+import specmac.core.hybrid as hybrid_module
+from specmac.compare.results import provenance, write_json
+from specmac.core.bets import common_prefix
+
+BINS = [0.0, 0.3, 0.5, 0.75, 0.9, 1.0 + 1e-9]
+RULES = [("none", 0.0), ("p_min", 0.3), ("p_min", 0.5), ("p_min", 0.75), ("p_min", 0.9),
+         ("tau", 0.1), ("tau", 0.2), ("tau", 0.3), ("tau", 0.5)]
+
+
+class StoppedModel(rd.ReplayedModel):
+    """The replayed model draft, stopped by its own confidence (``rule``: ("p_min" | "tau", value))."""
+
+    rule = ("none", 0.0)
+
+    def propose(self, seq, k, params, rng, n_vocab, noise=None):
+        behind = len(seq) - common_prefix(self.seen, seq, len(seq) - 1)
+        out, guess, conf = self.text["output"], self.text["draft_guess"], self.text["draft_p"]
+        pos = len(seq) - len(self.text["prompt"])
+        m, chance = k, 1.0
+        kind, value = self.rule
+        for i in range(1, k):  # the first draft is always proposed
+            p = conf[pos + i] if pos + i < len(conf) else 1.0
+            chance *= conf[pos + i - 1] if pos + i - 1 < len(conf) else 1.0
+            if (kind == "p_min" and p < value) or (kind == "tau" and chance * p < value):
+                m = i
+                break
+        passes = k if m == k else m + 1  # a stop is seen only after the pass that scores draft m
+        rd.Clock.t += max(behind * self.prefill, self.t_pass) + (passes - 1) * self.t_pass
+        kept = common_prefix(guess[pos:pos + m], out[pos:pos + m], m)
+        drafts = (out[pos:pos + kept] + guess[pos + kept:pos + kept + 1])[:m]
+        drafts += [0] * (m - len(drafts))
+        self.seen = list(seq) + (drafts if m < k else drafts[:-1])
+        return drafts, None
+
+
+def calibration(texts: list[dict]) -> list[dict]:
+    """Per bin of the draft's probability of its guess: how many guesses, and the share kept."""
+    p = np.concatenate([t["draft_p"] for t in texts])
+    kept = np.concatenate([np.equal(t["draft_guess"], t["output"]) for t in texts])
+    rows = []
+    for lo, hi in zip(BINS, BINS[1:], strict=False):
+        sel = (p >= lo) & (p < hi)
+        rows.append({"bin": f"{lo:g}-{min(hi, 1.0):g}", "guesses": int(sel.sum()),
+                     "kept": float(kept[sel].mean()) if sel.any() else None,
+                     "mean_p": float(p[sel].mean()) if sel.any() else None})
+    return rows
+
+
+def replayed(texts: list[dict], cat: str, curve: np.ndarray, share: float, prefill: float) -> dict:
+    """The mean replayed speedup of the model draft and the hybrid over one category's texts."""
+    return {d: float(np.mean([rd.replay(d, t, curve, share * curve[1], prefill)[0]
+                              for t in texts if t["category"] == cat])) for d in ("model", "hybrid")}
+
+
+def target_section(target: str, name: str, cal: list[dict], cats: list[str], cells: dict) -> list[str]:
+    lines = [f"## {target} ({name})", "",
+             "Outside code editing: the draft's probability of its guess, and how often the target's "
+             "greedy token was that guess.", "",
+             "| draft's p | guesses | mean p | kept |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['bin']} | {r['guesses']} | {r['mean_p']:.2f} | {r['kept']:.2f} |"
+              for r in cal if r["guesses"]]
+    lines += ["", "Mean replayed speedup over plain decoding per category, K auto (model draft / hybrid):",
+              "", "| stop rule | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats)]
+    lines += [f"| {label} | " + " | ".join(row) + " |" for label, row in cells.items()]
+    return [*lines, ""]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=rd.OUT)
+    ap.add_argument("--prefill-ms", type=float, default=5.0, help="the draft's prefill per token")
+    args = ap.parse_args()
+    hybrid_module.time = rd.Clock
+    rd.ReplayedModel = StoppedModel  # replay() builds its model draft from this name
+    command = "python bench/replay_confidence.py " + " ".join(sys.argv[1:])
+    lines = ["# The draft's confidence as a stop rule (a replay, not a measurement)", "",
+             f"`{command}` (texts: `python bench/replay_drafters.py record`, then `... confidence`)", ""]
+    record = {"format": "specmac.bench.replay_confidence/1", "provenance": provenance(command),
+              "calibration": {}, "rows": []}
+    for target, name, texts, curve, share in rd.load_targets(args.out):
+        if not all("draft_p" in t for t in texts):
+            sys.exit(f"{name} has no draft_p: run `python bench/replay_drafters.py confidence` first")
+        cal = calibration([t for t in texts if t["category"] != "code_editing"])
+        record["calibration"][target] = cal
+        cats, cells = list(dict.fromkeys(t["category"] for t in texts)), {}
+        for kind, value in RULES:
+            StoppedModel.rule = (kind, value)
+            label = "none" if kind == "none" else f"{kind} {value:g}"
+            cells[label] = []
+            for cat in cats:
+                got = replayed(texts, cat, curve, share, args.prefill_ms / 1e3)
+                record["rows"].append({"target": target, "category": cat, "rule": kind, "value": value,
+                                       **got})
+                cells[label].append(f"{got['model']:.2f} / {got['hybrid']:.2f}")
+            print(target, label, *cells[label], file=sys.stderr, flush=True)
+        lines += target_section(target, name, cal, cats, cells)
+    write_json(args.out / "confidence.json", record)
+    (args.out / "confidence.md").write_text("\n".join(lines), "utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
