@@ -2,8 +2,8 @@
 
 ``CostEstimator`` holds the draft's time per pass and the target's step time over n tokens (the
 pass plus the loop's own work on its n rows). Started from measured costs (``set_costs``) the
-steps correct them by the run's scale (the median of recent steps' ratios to the measured cost of
-their width, so one stalled step moves no width) and by their own means; without them it fits a line
+steps correct them by the loop's overhead (the median of recent steps' residuals, so one stalled
+step moves no width) and by their own means; without them it fits a line
 T(n) = a + b (n - 1) through the steps seen. A width seen is predicted from its own mean: the
 kernels switch with the batch size, so the curve is no line (results/probes).
 """
@@ -33,18 +33,15 @@ class CostEstimator:
         self.steps = 0
         self._caught_up = False
         self._drafted = False  # did the last step draft? (if not, the next one catches the draft up)
-        # measured T_t(n) per width [K_MAX + 2] and T_d(1), and the run's scale against them: the
-        # median of the last RESIDUALS steps' ratios (and the probe's own, 1), so one slow step (a
-        # page fault, a preemption) does not move every width; a machine that slows for good moves it
-        # within RESIDUALS / 2 steps. A ratio, not a difference: what makes a run's passes dearer than
-        # the probe's (a longer context than the probe's 16 tokens, a busy machine) costs a wide pass
-        # more than a narrow one (Q4_K_M, a 300-token prompt: 1.18x at one token, 1.24-1.32x at 3-16,
-        # where a difference would have added 6 ms to every width; results/workloads_q4_rag_lookup)
+        # measured T_t(n) per width [K_MAX + 2] and T_d(1), and the run's residual against them:
+        # the median of the last RESIDUALS steps' (and the probe's own, 0), so one slow step (a page
+        # fault, a preemption) does not shift every width; a machine that slows for good moves it
+        # within RESIDUALS / 2 steps
         self.prior: np.ndarray | None = None
         self.prior_draft = 0.0
         self.measured = 0  # widths n = 1..measured timed before the run (the chooser goes no wider)
-        self.ratios: deque[float] = deque(maxlen=self.RESIDUALS)
-        self.scale = 1.0
+        self.resids: deque[float] = deque(maxlen=self.RESIDUALS)
+        self.resid = 0.0
         self.t1_doubted = False  # the run's wider passes beat the probe's T(1) by half
 
     @property
@@ -86,7 +83,7 @@ class CostEstimator:
     def curve(self) -> np.ndarray:
         """[K_MAX + 2] estimated step time per width n (index n)."""
         if self.prior is not None:  # the probe counts as one observation: one slow step cannot
-            unseen = self.prior * self.scale  # condemn a width
+            unseen = self.prior + self.resid  # condemn a width
             return np.maximum((unseen + self.t_seen) / (1 + self.n_seen), 1e-12)
         t1, b = self._line()
         unseen = np.maximum(t1 + b * (np.arange(K_MAX + 2) - 1), 1e-12)
@@ -124,8 +121,8 @@ class CostEstimator:
             if self.prior is not None:
                 if d == 0 and self.t1_doubted and self.n_seen[1] == 1:
                     self.prior[1] = y  # the plain step asked for by a doubted T(1) replaces it
-                self.ratios.append(y / self.prior[d + 1])
-                self.scale = float(np.median([1.0, *self.ratios]))
+                self.resids.append(y - self.prior[d + 1])
+                self.resid = float(np.median([0.0, *self.resids]))
 
     def t1_stalled(self) -> bool:
         """Calibrated and not yet timed by the run, does the probe's T(1) look stalled? T(1) is
