@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--categories", default="rag")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--plain", action="store_true",
+                    help="also decode every prompt plainly, in turn: one-token steps at the same contexts")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     target_model = args.target_model or str(args.models_dir / QWEN_15B_GGUF)
@@ -55,8 +57,9 @@ def main() -> None:
             inner = getattr(policy, "inner", policy)
             if curve is None:
                 curve = inner.costs.curve()[: inner.costs.measured + 1].tolist()
-            for ev in pair.stream(ids, k=policy, max_tokens=args.max_tokens, params=SamplingParams(0.0)):
-                steps[ev.n_drafted + 1].append(ev.t_target + ev.t_other)
+            for k in ([policy, 0] if args.plain else [policy]):
+                for ev in pair.stream(ids, k=k, max_tokens=args.max_tokens, params=SamplingParams(0.0)):
+                    steps[ev.n_drafted + 1].append(ev.t_target + ev.t_other)
             print(p["id"], "round", r + 1, file=sys.stderr, flush=True)
     t1 = float(np.median(steps[1])) if steps.get(1) else None
     rows = [{"width": n, "steps": len(v), "median_s": float(np.median(v)), "probe_s": curve[n],
@@ -72,7 +75,8 @@ def main() -> None:
     lines = [f"# A run's steps by width against the probe's curve ({args.draft} on {name})",
              "", f"`{command}`", "",
              f"Categories {args.categories}, {len(prompts)} prompts, {args.rounds} rounds, greedy, K auto, "
-             f"{args.max_tokens} new tokens. Step: the target's pass and the loop's work on its rows.", "",
+             f"{args.max_tokens} new tokens{', each prompt decoded plainly too' if args.plain else ''}. "
+             "Step: the target's pass and the loop's work on its rows.", "",
              "| width n | steps | run median ms | probe ms | run / probe | run T(n)/T(1) | probe T(n)/T(1) |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['width']} | {r['steps']} | {r['median_s'] * 1e3:.1f} | {r['probe_s'] * 1e3:.1f} | "
