@@ -24,6 +24,7 @@ from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.api import Pair
 from specmac.compare.results import provenance, write_json
+from specmac.core.policy import FixedK
 from specmac.core.prompts import PACKAGED_WORKLOAD, read_prompts
 from specmac.core.sampling import SamplingParams
 
@@ -57,7 +58,7 @@ def main() -> None:
             inner = getattr(policy, "inner", policy)
             if curve is None:
                 curve = inner.costs.curve()[: inner.costs.measured + 1].tolist()
-            for k in ([policy, 0] if args.plain else [policy]):
+            for k in ([policy, FixedK(0)] if args.plain else [policy]):  # FixedK(0): plain steps
                 for ev in pair.stream(ids, k=k, max_tokens=args.max_tokens, params=SamplingParams(0.0)):
                     steps[ev.n_drafted + 1].append(ev.t_target + ev.t_other)
             print(p["id"], "round", r + 1, file=sys.stderr, flush=True)
