@@ -1,6 +1,8 @@
 """How far any choice of draft could go on the recorded texts: a bound, beside what specmac's drafters do.
 
     python bench/replay_oracle.py        # results/replay/oracle.md, oracle.json
+    python bench/replay_oracle.py --step-costs "torch bf16=results/step_costs/torch_bf16_summ_hybrid" \
+        --name oracle_run_costs              # results/replay/oracle_run_costs.md: at a run's step costs
 
 Over the greedy texts ``bench/replay_drafters.py record`` wrote, on the same T(n) curves and draft
 costs as its replay, a dynamic programme finds the fastest way through each text for a drafter
@@ -16,12 +18,21 @@ It is a bound, not a prediction: it sees the future, and leaves out the draft's 
 lookup steps, the loop's own work and the machine's noise. Where the bound is below a budget, no K
 policy over these drafters can meet it on these texts and curves. ``replayed``: the drafter specmac
 runs (``bench/replay_drafters.py replay``, K auto), for how near it comes.
+
+``--step-costs TARGET=DIR`` prices that target's steps as a run paid them instead
+(``bench/step_costs.py``'s record: its median step per width where the run timed a width twice or
+more, else its probe's curve times the median ratio of those widths to it), and computes that
+target alone. The probe's curve is timed at a short context; a run's steps at a long prompt cost
+more the wider they are.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
+import json
 import sys
+from pathlib import Path
 
 import numpy as np
 from replay_drafters import OUT, TARGETS, Clock, load_targets, replay
@@ -78,10 +89,33 @@ def fastest(n: int, curve: np.ndarray, t_draft: float, lookup: np.ndarray | None
     return float(dp[0])
 
 
+def run_curve(record: dict) -> np.ndarray:
+    """[n] seconds per step over n tokens (index 0 a copy of 1) as a bench/step_costs.py run paid
+    them: its median where it timed the width twice or more, else its probe's times their ratio."""
+    probe = np.asarray(record["probe_curve_s"], float)  # index n: width n (0 unused)
+    timed = {r["width"]: r["median_s"] for r in record["rows"] if r["steps"] >= 2}
+    if 1 not in timed:
+        raise SystemExit("the step-costs record has too few one-token steps: run it with --plain")
+    ratio = float(np.median([t / probe[n] for n, t in timed.items() if n >= 2] or [timed[1] / probe[1]]))
+    curve = np.array([timed.get(n, probe[n] * ratio) for n in range(len(probe))])
+    curve[0] = curve[1]
+    return curve
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--step-costs", action="append", default=[], metavar="TARGET=DIR",
+                    help="price TARGET's steps as bench/step_costs.py's record in DIR paid them")
+    ap.add_argument("--name", default="oracle", help="the files to write under results/replay")
+    args = ap.parse_args()
+    priced = {t: run_curve(json.loads((Path(d) / "results.json").read_text()))
+              for t, d in (o.split("=", 1) for o in args.step_costs)}
     hybrid_module.time = Clock
     rows = []
     for target, _, texts, curve, share in load_targets(OUT):
+        if priced and target not in priced:
+            continue
+        curve = priced.get(target, curve)
         t_draft = share * curve[1]
         for text in texts:
             lookup, model = kept_runs(text)
@@ -96,15 +130,15 @@ def main() -> None:
                          "bound": {k: plain / v for k, v in bound.items()}, "replayed": replayed})
             print(target, text["id"], {k: round(plain / v, 2) for k, v in bound.items()}, file=sys.stderr)
     command = "python bench/replay_oracle.py " + " ".join(sys.argv[1:])
-    write_json(OUT / "oracle.json", {"format": "specmac.bench.replay_oracle/1",
+    write_json(OUT / f"{args.name}.json", {"format": "specmac.bench.replay_oracle/1",
                                      "provenance": provenance(command), "prefill_s_per_token": PREFILL_S,
-                                     "rows": rows})
+                                     "step_costs": {t: c.tolist() for t, c in priced.items()}, "rows": rows})
     lines = ["# The fastest any choice of draft could go on the recorded texts (a bound)", "",
              f"`{command}` (texts: `python bench/replay_drafters.py record`; method: the script's docstring)",
              "", "Mean over each category's texts of the speedup over plain decoding: the bound for a "
              "drafter that knows how far each proposal will be kept (lookup, model, both), and specmac's "
              "drafters replayed with K auto.", ""]
-    for target in TARGETS:
+    for target in (priced or TARGETS):
         lines += [f"## {target}", "", "| category | bound: lookup | bound: model | bound: both | "
                   "replayed: lookup | replayed: model | replayed: hybrid |", "|---|" + "---:|" * 6]
         by_cat = collections.defaultdict(list)
@@ -116,7 +150,7 @@ def main() -> None:
             p = [np.mean([r["replayed"][k] for r in rs]) for k in ("lookup", "model", "hybrid")]
             lines.append(f"| {cat} | " + " | ".join(f"{v:.2f}\u00d7" for v in [*b, *p]) + " |")
         lines.append("")
-    (OUT / "oracle.md").write_text("\n".join(lines), "utf-8")
+    (OUT / f"{args.name}.md").write_text("\n".join(lines), "utf-8")
     print("\n".join(lines))
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -51,3 +52,17 @@ def test_the_bound_is_the_fastest_of_every_choice_of_widths():
         for look, mod in ((lookup, model), (lookup, None), (None, model)):
             want = every_step(n, curve, 0.05, look, mod)
             assert abs(fastest(n, curve, 0.05, look, mod) - want) < 1e-9, trial
+
+
+def test_a_run_curve_takes_the_widths_the_run_timed_and_scales_the_rest():
+    """Widths timed twice or more cost what the run paid; the others the probe's times the median
+    ratio of the timed wide ones (not the one-token ratio: a long context costs wide rows more)."""
+    from replay_oracle import run_curve
+
+    probe = [0.0, 1.0, 1.0, 2.0, 4.0, 8.0]
+    rows = [{"width": 1, "steps": 40, "median_s": 1.0}, {"width": 2, "steps": 5, "median_s": 1.2},
+            {"width": 3, "steps": 3, "median_s": 2.6}, {"width": 4, "steps": 1, "median_s": 99.0}]
+    curve = run_curve({"probe_curve_s": probe, "rows": rows})
+    assert curve.tolist() == pytest.approx([1.0, 1.0, 1.2, 2.6, 4.0 * 1.25, 8.0 * 1.25])
+    with pytest.raises(SystemExit):
+        run_curve({"probe_curve_s": probe, "rows": rows[1:]})
