@@ -63,15 +63,21 @@ class StoppedModel(rd.ReplayedModel):
 
 
 def calibration(texts: list[dict]) -> list[dict]:
-    """Per bin of the draft's probability of its guess: how many guesses, and the share kept."""
+    """Per bin of the draft's probability of its guess: how many guesses, the share kept, and of
+    those not kept, the share whose second guess was the target's token."""
     p = np.concatenate([t["draft_p"] for t in texts])
     kept = np.concatenate([np.equal(t["draft_guess"], t["output"]) for t in texts])
+    second = np.concatenate([np.equal(t["draft_guess2"], t["output"]) for t in texts])
     rows = []
-    for lo, hi in zip(BINS, BINS[1:], strict=False):
+    for lo, hi in [*zip(BINS, BINS[1:], strict=False), (BINS[0], BINS[-1])]:
         sel = (p >= lo) & (p < hi)
-        rows.append({"bin": f"{lo:g}-{min(hi, 1.0):g}", "guesses": int(sel.sum()),
+        missed = sel & ~kept
+        rows.append({"bin": "all" if (lo, hi) == (BINS[0], BINS[-1]) else f"{lo:g}-{min(hi, 1.0):g}",
+                     "guesses": int(sel.sum()),
                      "kept": float(kept[sel].mean()) if sel.any() else None,
-                     "mean_p": float(p[sel].mean()) if sel.any() else None})
+                     "mean_p": float(p[sel].mean()) if sel.any() else None,
+                     "missed": int(missed.sum()),
+                     "second_of_missed": float(second[missed].mean()) if missed.any() else None})
     return rows
 
 
@@ -81,13 +87,32 @@ def replayed(texts: list[dict], cat: str, curve: np.ndarray, share: float, prefi
                               for t in texts if t["category"] == cat])) for d in ("model", "hybrid")}
 
 
-def target_section(target: str, name: str, cal: list[dict], cats: list[str], cells: dict) -> list[str]:
+def second_guesses(texts: list[dict], cat: str) -> tuple[int, int, int]:
+    """(tokens, guesses not kept, of those the ones whose second guess was the target's) in a category."""
+    n = missed = second = 0
+    for t in texts:
+        if t["category"] == cat:
+            for g, g2, o in zip(t["draft_guess"], t["draft_guess2"], t["output"], strict=True):
+                n, missed, second = n + 1, missed + (g != o), second + (g != o and g2 == o)
+    return n, missed, second
+
+
+def target_section(target: str, name: str, cal: list[dict], cats: list[str], cells: dict,
+                   texts: list[dict]) -> list[str]:
     lines = [f"## {target} ({name})", "",
-             "Outside code editing: the draft's probability of its guess, and how often the target's "
-             "greedy token was that guess.", "",
-             "| draft's p | guesses | mean p | kept |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['bin']} | {r['guesses']} | {r['mean_p']:.2f} | {r['kept']:.2f} |"
-              for r in cal if r["guesses"]]
+             "Outside code editing: the draft's probability of its guess, how often the target's "
+             "greedy token was that guess; of the guesses it was not, how often it was the draft's second.",
+             "", "| draft's p | guesses | mean p | kept | not kept | second guess of those |",
+             "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['bin']} | {r['guesses']} | {r['mean_p']:.2f} | {r['kept']:.2f} | {r['missed']} | "
+              + (f"{r['second_of_missed']:.2f} |" if r["missed"] else "– |") for r in cal if r["guesses"]]
+    lines += ["", "Per category: the guesses not kept, and how many of those the draft's second guess was.",
+              "",
+              "| category | tokens | not kept | second guess | share |", "|---|---:|---:|---:|---:|"]
+    for cat in cats:
+        n, missed, second = second_guesses(texts, cat)
+        share = f"{second / missed:.2f}" if missed else "–"
+        lines.append(f"| {cat} | {n} | {missed} | {second} | {share} |")
     lines += ["", "Mean replayed speedup over plain decoding per category, K auto (model draft / hybrid):",
               "", "| stop rule | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats)]
     lines += [f"| {label} | " + " | ".join(row) + " |" for label, row in cells.items()]
@@ -107,7 +132,7 @@ def main() -> None:
     record = {"format": "specmac.bench.replay_confidence/1", "provenance": provenance(command),
               "calibration": {}, "rows": []}
     for target, name, texts, curve, share in rd.load_targets(args.out):
-        if not all("draft_p" in t for t in texts):
+        if not all("draft_p" in t and "draft_guess2" in t for t in texts):
             sys.exit(f"{name} has no draft_p: run `python bench/replay_drafters.py confidence` first")
         cal = calibration([t for t in texts if t["category"] != "code_editing"])
         record["calibration"][target] = cal
@@ -122,7 +147,7 @@ def main() -> None:
                                        **got})
                 cells[label].append(f"{got['model']:.2f} / {got['hybrid']:.2f}")
             print(target, label, *cells[label], file=sys.stderr, flush=True)
-        lines += target_section(target, name, cal, cats, cells)
+        lines += target_section(target, name, cal, cats, cells, texts)
     write_json(args.out / "confidence.json", record)
     (args.out / "confidence.md").write_text("\n".join(lines), "utf-8")
     print("\n".join(lines))

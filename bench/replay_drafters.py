@@ -74,31 +74,34 @@ def record(models_dir: Path, out: Path, target_model: Path, backend: str = "gguf
         ids = pair.target.encode(pair.target.apply_chat_template(p.get("messages") or p["text"]))
         n = 256 if p["category"] == "code_editing" else 96
         output = [int(t) for t in pair.generate(ids, params=GREEDY, k=1, max_tokens=n).token_ids]
-        guesses, confidence = teacher_forced(draft, ids, output)
+        guesses, confidence, second = teacher_forced(draft, ids, output)
         texts.append({"id": p["id"], "category": p["category"], "prompt": ids, "output": output,
-                      "draft_guess": guesses, "draft_p": confidence})
+                      "draft_guess": guesses, "draft_p": confidence, "draft_guess2": second})
         print(p["id"], len(ids), len(output), file=sys.stderr, flush=True)
     write_json(out, {"provenance": provenance(None, [target_model, models_dir / QWEN_05B_GGUF]),
                      "texts": texts})
 
 
-def teacher_forced(draft, ids: list[int], output: list[int]) -> tuple[list[int], list[float]]:
-    """The draft's greedy guess of every output token given the text before it, and its probability
-    of that guess (one teacher-forced pass: guess j is output[j]'s, given ids + output[:j])."""
-    full, guesses, confidence = ids + output, [], []
+def teacher_forced(draft, ids: list[int], output: list[int]) -> tuple[list[int], list[float], list[int]]:
+    """The draft's greedy guess of every output token given the text before it, its probability of
+    that guess, and its second guess (one teacher-forced pass: guess j is output[j]'s, given
+    ids + output[:j])."""
+    full, guesses, confidence, second = ids + output, [], [], []
     draft.reset()
     draft.prefill(full[:len(ids) - 1])
     for i in range(len(ids) - 1, len(full) - 1, 64):
         rows = np.asarray(draft.score(full[i:min(i + 64, len(full) - 1)]), np.float64)
-        guesses += [int(t) for t in rows.argmax(1)]
+        top2 = np.argsort(-rows, axis=1, kind="stable")[:, :2]  # stable: the first of a tie, as argmax
+        guesses += [int(t) for t in top2[:, 0]]
+        second += [int(t) for t in top2[:, 1]]
         top = rows.max(1, keepdims=True)
         confidence += [float(c) for c in 1.0 / np.exp(rows - top).sum(1)]
-    return guesses, confidence
+    return guesses, confidence, second
 
 
 def add_confidence(models_dir: Path, out: Path) -> None:
-    """Add the draft's probability of each guess (``draft_p``) to texts recorded without it; the
-    guesses must come out as recorded."""
+    """Add the draft's probability of each guess (``draft_p``) and its second guess (``draft_guess2``)
+    to texts recorded without them; the guesses must come out as recorded."""
     from specmac.backends import load_backend
 
     draft = load_backend("gguf", str(models_dir / QWEN_05B_GGUF), None, role="draft")
@@ -108,7 +111,7 @@ def add_confidence(models_dir: Path, out: Path) -> None:
             continue
         data = json.loads(path.read_text())
         for t in data["texts"]:
-            guesses, t["draft_p"] = teacher_forced(draft, t["prompt"], t["output"])
+            guesses, t["draft_p"], t["draft_guess2"] = teacher_forced(draft, t["prompt"], t["output"])
             same = np.mean(np.array(guesses) == np.array(t["draft_guess"]))
             print(name, t["id"], f"guesses as recorded: {same:.3f}", file=sys.stderr, flush=True)
         data["draft_p_provenance"] = provenance("python bench/replay_drafters.py " + " ".join(sys.argv[1:]),

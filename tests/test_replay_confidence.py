@@ -14,7 +14,8 @@ from replay_confidence import StoppedModel, calibration  # noqa: E402
 
 PROMPT = [1, 2, 3]
 TEXT = {"prompt": PROMPT, "output": [10, 11, 12, 13, 14, 15],
-        "draft_guess": [10, 11, 12, 99, 14, 15], "draft_p": [0.9, 0.8, 0.4, 0.2, 0.95, 0.9]}
+        "draft_guess": [10, 11, 12, 99, 14, 15], "draft_p": [0.9, 0.8, 0.4, 0.2, 0.95, 0.9],
+        "draft_guess2": [7, 7, 7, 13, 7, 7]}
 
 
 def proposal(rule, k: int) -> tuple[list[int], float]:
@@ -43,4 +44,16 @@ def test_calibration_counts_kept_guesses_per_bin():
     rows = {r["bin"]: r for r in calibration([TEXT])}
     assert rows["0.9-1"]["guesses"] == 3 and rows["0.9-1"]["kept"] == 1.0
     assert rows["0-0.3"]["guesses"] == 1 and rows["0-0.3"]["kept"] == 0.0
-    assert sum(r["guesses"] for r in rows.values()) == len(TEXT["output"])
+    assert rows["0-0.3"]["missed"] == 1 and rows["0-0.3"]["second_of_missed"] == 1.0  # 99 missed; 13 was next
+    assert rows["0.9-1"]["missed"] == 0 and rows["0.9-1"]["second_of_missed"] is None
+    assert rows["all"]["guesses"] == len(TEXT["output"]) and rows["all"]["missed"] == 1
+    assert sum(r["guesses"] for b, r in rows.items() if b != "all") == len(TEXT["output"])
+
+
+def test_second_guesses_count_the_misses_the_second_guess_would_have_caught():
+    from replay_confidence import second_guesses
+
+    # the last: a second guess equal to the output where the first was kept, not a catch
+    text = {**TEXT, "category": "qa", "draft_guess2": [7, 7, 7, 13, 7, 15]}
+    assert second_guesses([text], "qa") == (6, 1, 1)
+    assert second_guesses([text], "summarization") == (0, 0, 0)
