@@ -29,7 +29,6 @@ import replay_drafters as rd
 
 import specmac.core.hybrid as hybrid_module
 from specmac.compare.results import provenance, write_json
-from specmac.core.bets import common_prefix
 
 BINS = [0.0, 0.3, 0.5, 0.75, 0.9, 1.0 + 1e-9]
 RULES = [("none", 0.0), ("p_min", 0.3), ("p_min", 0.5), ("p_min", 0.75), ("p_min", 0.9),
@@ -41,25 +40,17 @@ class StoppedModel(rd.ReplayedModel):
 
     rule = ("none", 0.0)
 
-    def propose(self, seq, k, params, rng, n_vocab, noise=None):
-        behind = len(seq) - common_prefix(self.seen, seq, len(seq) - 1)
-        out, guess, conf = self.text["output"], self.text["draft_guess"], self.text["draft_p"]
-        pos = len(seq) - len(self.text["prompt"])
-        m, chance = k, 1.0
+    def stop(self, pos: int, k: int) -> int:
+        """The first draft is always proposed; draft i (i >= 1) is not where its probability is below
+        p_min, or where the running product of the probabilities up to it is below tau."""
         kind, value = self.rule
-        for i in range(1, k):  # the first draft is always proposed
-            p = conf[pos + i] if pos + i < len(conf) else 1.0
-            chance *= conf[pos + i - 1] if pos + i - 1 < len(conf) else 1.0
+        conf, chance = self.text["draft_p"], 1.0
+        for i in range(1, k):  # replay() asks for no draft past the text's end
+            p = conf[pos + i]
+            chance *= conf[pos + i - 1]
             if (kind == "p_min" and p < value) or (kind == "tau" and chance * p < value):
-                m = i
-                break
-        passes = k if m == k else m + 1  # a stop is seen only after the pass that scores draft m
-        rd.Clock.t += max(behind * self.prefill, self.t_pass) + (passes - 1) * self.t_pass
-        kept = common_prefix(guess[pos:pos + m], out[pos:pos + m], m)
-        drafts = (out[pos:pos + kept] + guess[pos + kept:pos + kept + 1])[:m]
-        drafts += [0] * (m - len(drafts))
-        self.seen = list(seq) + (drafts if m < k else drafts[:-1])
-        return drafts, None
+                return i
+        return k
 
 
 def calibration(texts: list[dict]) -> list[dict]:
