@@ -54,7 +54,7 @@ def main() -> None:
     for r in range(args.rounds):
         for p in prompts:
             ids = pair.target.encode(pair.target.apply_chat_template(p["text"]))
-            policy = pair._resolve("auto", args.max_tokens, len(ids))
+            policy = pair.timed_auto_policy(args.max_tokens, len(ids))
             inner = getattr(policy, "inner", policy)
             if curve is None:
                 curve = inner.costs.curve()[: inner.costs.measured + 1].tolist()
