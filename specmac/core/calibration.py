@@ -159,13 +159,13 @@ def remeasure_asked() -> bool:
     return os.environ.get("SPECMAC_REMEASURE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def fresh_t1(target: BaseBackend, context: int = 8) -> float:
+def fresh_t1(target: BaseBackend, context: int = 1) -> float:
     """One one-token pass timed now, seconds: what a kept T(1) is checked against. Where the
     target holds a context (an earlier run's, whose passes paged the weights in) the pass follows
-    it and is rewound: it costs one pass. Otherwise it follows a short prefill, which pages the
-    weights in, and the target is left empty: it costs the prefill and one pass (on a 1.5B Q4_K_M
-    file here 270 ms, which every ``k="auto"`` run after the first in a process paid before its
-    first token)."""
+    it and is rewound: it costs one pass. Otherwise it follows a prefill of ``context`` tokens,
+    which pages the weights in, and the target is left empty: one pass more. Every ``k="auto"`` run
+    pays it before its first token; it was a prefill of 8 tokens and a pass on every run until
+    2026-12-03, 221-290 ms on the 1.5B Q4_K_M file here (results/anatomy_auto)."""
     ids = probe_tokens(target, context + 1)
     held = target.n_past
     if 0 < held < target.n_ctx:
