@@ -70,15 +70,29 @@ class LlamaGenerate:
                               draft_model=draft, logits_all=draft is not None, verbose=False)
 
     def __call__(self, text: str, max_tokens: int) -> dict:
+        from llama_cpp import StoppingCriteriaList
+
+        sampled = [0]
+
+        def count(_ids, _logits) -> bool:  # called once per token the loop samples, drafts' included
+            sampled[0] += 1
+            return False
+
         self.llm.reset()  # no prefix reuse: every decoder pays for the whole prompt
-        t0, ttft, pieces, n = time.perf_counter(), None, [], 0
+        t0, ttft, pieces, finish = time.perf_counter(), None, [], None
         for chunk in self.llm.create_completion(text, max_tokens=max_tokens, temperature=0.0, top_k=1,
-                                                top_p=1.0, min_p=0.0, repeat_penalty=1.0, stream=True):
+                                                top_p=1.0, min_p=0.0, repeat_penalty=1.0, stream=True,
+                                                stopping_criteria=StoppingCriteriaList([count])):
             piece = chunk["choices"][0]["text"]
             if ttft is None:
                 ttft = time.perf_counter() - t0
             pieces.append(piece)
-            n += 1  # one chunk per token
+            finish = chunk["choices"][0]["finish_reason"] or finish
         wall = time.perf_counter() - t0
+        # the tokens written: not the chunks (the stream ends with an empty one that carries the finish
+        # reason, and holds back a token that ends inside a UTF-8 character) but the tokens sampled,
+        # less the call create_completion makes after its loop, and less the end-of-generation token
+        # where that is what stopped it (no stop strings are given)
+        n = sampled[0] - 1 - (finish == "stop")
         return {"tokens": n, "seconds": wall, "tokens_per_second": n / wall, "ttft_s": ttft,
-                "text": "".join(pieces)}
+                "text": "".join(pieces), "finish_reason": finish}
