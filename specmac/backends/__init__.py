@@ -8,6 +8,7 @@ framework: only ``backend_class`` imports a backend module, on first use.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -267,7 +268,11 @@ def chat_messages(prompt: str | Sequence[dict]) -> list[dict]:
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
 
 
+@functools.cache
 def library_version(dist: str) -> str | None:
+    """The installed version of a distribution (None: not installed), read once per process: what a
+    process has imported does not change with what is installed after, and reading the metadata
+    costs 1-3 ms, which every ``--k auto`` run paid several times for its kept costs' identities."""
     try:
         return importlib.metadata.version(dist) if dist else None
     except importlib.metadata.PackageNotFoundError:
