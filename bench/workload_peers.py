@@ -100,11 +100,13 @@ def main() -> None:
             prompts.append(p)
     configs, tb = configurations(args, target, draft, topts)
     if args.configs:
+        configs_all = list(configs)
         wanted = [w.strip() for w in args.configs.split(",") if w.strip()]
         configs = {name: fn for name, fn in configs.items()
                    if name == "specmac plain" or any(w in name for w in wanted)}
         if len(configs) < 2:
-            sys.exit(f"--configs {args.configs!r} names no configuration besides specmac plain")
+            ap.error(f"--configs {args.configs!r} names no configuration besides specmac plain: use parts of "
+                     f"these names: {', '.join(n for n in configs_all if n != 'specmac plain')}")
     texts = {p["id"]: p["text"] if args.no_chat else tb.apply_chat_template(p.get("messages") or p["text"])
              for p in prompts}
     runs = []
