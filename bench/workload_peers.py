@@ -5,9 +5,10 @@
 
 The packaged workload's prompts of ``--categories`` (default summarization and code editing: where
 the output copies the prompt) through the target's chat template, greedy, on one target; every
-configuration once per round in turn, after a discarded warm-up round. End to end: the wall time
-of the whole call, prompt processing included, for specmac and the peers alike (specmac's
-``--k auto`` pass costs are timed in the warm-up round and kept, as on a user's second run).
+configuration once per round, each round in an order rotated by one, after a discarded warm-up
+round. End to end: the wall time of the whole call, prompt processing included, for specmac and
+the peers alike (specmac's ``--k auto`` pass costs are timed in the warm-up round and kept, as on
+a user's second run).
 
 * specmac: plain decoding, prompt lookup (``lookup``) and the hybrid (``lookup+gguf``, the 0.5B
   Q4_K_M draft), each with ``--k auto``;
@@ -110,9 +111,14 @@ def main() -> None:
     texts = {p["id"]: p["text"] if args.no_chat else tb.apply_chat_template(p.get("messages") or p["text"])
              for p in prompts}
     runs = []
+    names = list(configs)
     for rnd in range(-1, args.rounds):  # -1: the warm-up round, discarded
+        # round n starts at the n-th configuration, so none always runs first or after the same one
+        # (specmac.compare.measure.rotated: in a fixed order the first ran 1-5% faster)
+        order = names[rnd % len(names):] + names[:rnd % len(names)] if rnd >= 0 else names
         for p in prompts:
-            for name, fn in configs.items():
+            for name in order:
+                fn = configs[name]
                 n = args.edit_tokens if p["category"] == "code_editing" else args.max_tokens
                 r = fn(texts[p["id"]], n if rnd >= 0 else 8)
                 print(f"round {rnd} {p['id']} {name}: {r['tokens_per_second']:.2f} tok/s", file=sys.stderr,
@@ -174,7 +180,8 @@ def readme(record: dict, command: str, names: list[str]) -> str:
              + ", ".join(f"{k}: {v} tokens" for k, v in record["prompt_tokens"].items()) + ")"
              f" through the chat template, greedy, {s['max_tokens']} new tokens "
              f"({s.get('edit_tokens', s['max_tokens'])} for code editing), {s['rounds']} rounds "
-             "after a discarded warm-up round, every configuration in turn. tokens/s end to end (prompt "
+             "after a discarded warm-up round, every configuration once a round, the order rotated by one "
+             "each round. tokens/s end to end (prompt "
              "processing included), median [min, max]; 'vs plain' against the fastest plain decoder here; "
              "'vs best peer' against the best of the peers' prompt lookup; 'per round' against the best peer "
              "lookup of the same prompt and round, median [min, max]. "
