@@ -32,6 +32,7 @@ from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 from peers import HFGenerate, LlamaGenerate
 
 from specmac.api import Pair
+from specmac.compare.measure import rotated
 from specmac.compare.results import provenance, write_json
 from specmac.core.drafters import load_drafter
 from specmac.core.prompts import PACKAGED_WORKLOAD, read_prompts
@@ -113,9 +114,8 @@ def main() -> None:
     runs = []
     names = list(configs)
     for rnd in range(-1, args.rounds):  # -1: the warm-up round, discarded
-        # round n starts at the n-th configuration, so none always runs first or after the same one
-        # (specmac.compare.measure.rotated: in a fixed order the first ran 1-5% faster)
-        order = names[rnd % len(names):] + names[:rnd % len(names)] if rnd >= 0 else names
+        # round n starts at the n-th configuration, as compare's rounds do: none always runs first
+        order = rotated(names, rnd) if rnd >= 0 else names
         for p in prompts:
             for name in order:
                 fn = configs[name]
