@@ -32,4 +32,3 @@ def test_the_llama_peer_counts_the_tokens_it_wrote_not_its_stream_chunks(lookup)
         g = ours.generate("def fibonacci(n):\n", params=SamplingParams(0.0), max_tokens=n, k=1)
         assert (r["tokens"], r["finish_reason"]) == (n, "length")
         assert r["text"] == g.text and len(g.token_ids) == n
-        assert r["tokens_per_second"] == pytest.approx(n / r["seconds"])
