@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -248,6 +249,43 @@ def test_provenance_and_atomic_write(tmp_path):
         write_json(path, bad)
     assert json.loads(path.read_text()) == {"a": 1}
     assert sorted(f.name for f in tmp_path.iterdir()) == ["m.gguf", "r.json"]
+
+
+X86 = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu sse2 avx avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8 avx512_fp16
+processor\t: 1
+model name\t: Other
+flags\t\t: fpu
+"""
+
+
+def test_the_machine_record_names_the_cpu_features_that_change_kernels(monkeypatch):
+    """Two "Intel Xeon" machines with 2 CPUs differed by AMX alone, and a torch bf16 pass's cost with
+    it: the record says which of CPU_FEATURES the CPU has (the first processor's flags, in that order)."""
+    from specmac.compare import report, results
+
+    amx = ["avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8"]
+    assert results._cpu_info(X86) == ("Intel(R) Xeon(R) Processor", amx)
+    assert results._cpu_info("processor\t: 0\nFeatures\t: fp asimd\n") == ("", [])  # ARM: none of them
+    assert results._cpu_info("processor\t: 0\n") == ("", None)  # no flags line: not known, not "none"
+    real = results.machine()
+    assert real["cpu_features"] is None or set(real["cpu_features"]) <= set(results.CPU_FEATURES)
+    if Path("/proc/cpuinfo").is_file():  # Linux: the list is read, whatever this CPU has
+        assert isinstance(real["cpu_features"], list)
+    parse = results._cpu_info
+    monkeypatch.setattr(results, "_cpu_info", lambda text=None: parse(X86))
+    record = {"predictions": {}, "backends": {}}
+    st = {"sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}, "prompts": ["p"],
+          "repeats": 1, "max_tokens": 8, "seed": 0, "warmup_tokens": 4}
+    line = next(x for x in report._method(record, st, {}, results.machine()) if x.startswith("- Machine:"))
+    assert line.startswith("- Machine: Intel(R) Xeon(R) Processor (avx2, avx512f, avx512_bf16, avx512_fp16, "
+                           "amx_bf16, amx_int8), ")
+    line = next(x for x in report._method(record, st, {}, {"processor": "A", "cpu_features": []})
+                if x.startswith("- Machine:"))
+    assert line.startswith("- Machine: A (none of avx2, ")
+    line = next(x for x in report._method(record, st, {}, {"processor": "A"}) if x.startswith("- Machine:"))
+    assert line.startswith("- Machine: A, ")  # an older record, or no /proc/cpuinfo: nothing said
 
 
 def test_plots_write_pngs(tmp_path):

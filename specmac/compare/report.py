@@ -12,6 +12,7 @@ from pathlib import Path
 
 from specmac.compare.categories import category_markdown
 from specmac.compare.measure import ADVISE_PROMPTS, AUTO, FORMAT, PLAIN
+from specmac.compare.results import CPU_FEATURES
 from specmac.errors import BadOption
 from specmac.files import read_capped
 
@@ -212,8 +213,10 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
            f"- Git {prov.get('git_sha')}, {prov.get('utc')}, specmac {prov.get('specmac')}, "
            f"Python {prov.get('python')}; libraries: "
            + ", ".join(f"{k} {v}" for k, v in prov.get("libraries", {}).items() if v),
-           f"- Machine: {machine.get('processor') or machine.get('machine')}, "
-           f"{machine.get('cpu_count')} CPUs, {machine.get('platform')}",
+           f"- Machine: {machine.get('processor') or machine.get('machine')}"
+           + (f" ({', '.join(machine['cpu_features']) or 'none of ' + ', '.join(CPU_FEATURES)})"
+              if machine.get("cpu_features") is not None else "")
+           + f", {machine.get('cpu_count')} CPUs, {machine.get('platform')}",
            f"- {len(st['prompts'])} prompts ({', '.join(st['prompts'])}) \u00d7 {st['repeats']} repeats, "
            f"{st['max_tokens']} new tokens each, temperature {s['temperature']}"
            + (f", top-k {s['top_k']}" if s["top_k"] else "")

@@ -108,20 +108,37 @@ def memory_bytes() -> int | None:
         return None
 
 
+# the CPU's vector and matrix extensions that change which kernels run, and so what a pass costs: on
+# two 2-CPU machines here, an AMD EPYC and an Intel Xeon with AMX, torch bf16's T(1) was 247 and 176 ms
+# and T(32)/T(1) 1.94 and 1.54, and the issue's end-to-end budgets were met on different categories
+# (results/workload_peers/xeon-amx.md); a model name alone ("Intel(R) Xeon(R) Processor") says neither
+CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
+
+
 def machine() -> dict:
+    model, features = _cpu_info()
     return {"platform": platform.platform(), "machine": platform.machine(),
-            "processor": platform.processor() or _cpu_model(), "cpu_count": os.cpu_count(),
-            "memory_bytes": memory_bytes()}
+            "processor": platform.processor() or model, "cpu_features": features,
+            "cpu_count": os.cpu_count(), "memory_bytes": memory_bytes()}
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+def _cpu_info(text: str | None = None) -> tuple[str, list[str] | None]:
+    """(model name, the CPU_FEATURES it has) from /proc/cpuinfo's first processor; ("", None)
+    where there is no such file (macOS: an Apple chip's extensions are not named there)."""
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "", None
+    model, flags = "", None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key in ("flags", "Features") and flags is None:  # x86, ARM
+            flags = set(value.split())
+    return model, None if flags is None else [f for f in CPU_FEATURES if f in flags]
 
 
 def provenance(command: str | None = None, models: Sequence[str | Path | None] = ()) -> dict:
