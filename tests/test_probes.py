@@ -261,8 +261,9 @@ flags\t\t: fpu
 
 
 def test_the_machine_record_names_the_cpu_features_that_change_kernels(monkeypatch):
-    """Two "Intel Xeon" machines with 2 CPUs differed by AMX alone, and a torch bf16 pass's cost with
-    it: the record says which of CPU_FEATURES the CPU has (the first processor's flags, in that order)."""
+    """A model name ("Intel(R) Xeon(R) Processor") does not say whether the CPU has AMX, which changes a
+    torch bf16 pass's cost: the record says which of CPU_FEATURES the CPU has (the first processor's
+    flags, in CPU_FEATURES' order); None where nothing is known, [] where none of them is there."""
     from specmac.compare import report, results
 
     amx = ["avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8"]
