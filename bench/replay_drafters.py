@@ -6,6 +6,7 @@
     python bench/replay_drafters.py record --target-backend torch --target-opt dtype=bfloat16 \
         --target-model M/qwen2.5-coder-1.5b-instruct-hf-bf16 --texts texts_torch_bf16.json
     python bench/replay_drafters.py replay                              # results/replay/README.md
+    python bench/replay_drafters.py replay --curves all    # the Xeon's curves too
     python bench/replay_drafters.py kinds                               # results/replay/kinds.md
 
 A greedy run's text does not depend on the draft, so what a drafter would have proposed, and how
@@ -57,6 +58,12 @@ CURVES = Path("results/probes_wide")
 TARGETS = {"gguf Q4_K_M": ("qwen1.5b-gguf-q4_k_m-n33.json", 0.76, "texts.json"),
            "gguf F16": ("qwen1.5b-gguf-f16-n33.json", 0.27, "texts_f16.json"),
            "torch bf16": ("qwen1.5b-torch-bf16-n33.json", 0.10, "texts_torch_bf16.json")}
+# the same targets' curves on a 2-CPU Intel Xeon with AMX (results/probes_wide/*-xeon-amx-n33.json), the
+# draft's pass there 41-42 ms (results/workload_peers/xeon-amx.md): ``replay --curves all``
+XEON_TARGETS = {"gguf Q4_K_M, Xeon AMX": ("qwen1.5b-gguf-q4_k_m-xeon-amx-n33.json", 0.47, "texts.json"),
+                "gguf F16, Xeon AMX": ("qwen1.5b-gguf-f16-xeon-amx-n33.json", 0.27, "texts_f16.json"),
+                "torch bf16, Xeon AMX": ("qwen1.5b-torch-bf16-xeon-amx-n33.json", 0.23,
+                                         "texts_torch_bf16.json")}
 DRAFTS = ["model", "ngram", "lookup", "hybrid"]
 GREEDY = SamplingParams(0.0)
 
@@ -221,10 +228,10 @@ def replay(draft: str, text: dict, curve: np.ndarray, t_pass: float, prefill: fl
     return n * float(curve[1]) / seconds, dict(sources)
 
 
-def load_targets(out: Path):
+def load_targets(out: Path, targets: dict | None = None):
     """(target, its texts' file, the texts, its curve [n] seconds of a pass over n tokens, the draft's
-    pass as a share of T(1)) per target."""
-    for target, (probe, share, name) in TARGETS.items():
+    pass as a share of T(1)) per target (of ``TARGETS`` unless given)."""
+    for target, (probe, share, name) in (targets or TARGETS).items():
         path = out / name if (out / name).exists() else out / "texts.json"
         ms = json.loads((CURVES / probe).read_text())["batched_ms"]
         curve = np.array([ms[0], *ms], float) / 1e3
@@ -316,6 +323,9 @@ def main() -> None:
                     help="record: a target option (dtype=bfloat16 for the torch folder)")
     ap.add_argument("--texts", default="texts.json",
                     help="record: the file under --out to write (texts_f16.json for the F16 target)")
+    ap.add_argument("--curves", choices=["epyc", "all"], default="epyc",
+                    help="replay: the AMD EPYC's curves (where the texts were recorded), or the "
+                         "Xeon's with AMX beside them")
     ap.add_argument("--prefill-ms", type=float, default=5.0,
                     help="the draft's prefill per token (calibration.prefill_per_token measured 4.7-6.2 ms)")
     args = ap.parse_args()
@@ -330,8 +340,9 @@ def main() -> None:
     if args.step == "kinds":
         kinds(args.out, args.prefill_ms / 1e3)
         return
+    targets = TARGETS | (XEON_TARGETS if args.curves == "all" else {})
     rows, own = [], []
-    for target, name, texts, curve, share in load_targets(args.out):
+    for target, name, texts, curve, share in load_targets(args.out, targets):
         own.append(f"{target}: {name}")
         for cat in dict.fromkeys(t["category"] for t in texts):
             for d in DRAFTS:
@@ -350,13 +361,16 @@ def main() -> None:
              f"{len(texts)} prompts of the packaged workload (texts: {'; '.join(own)}); K auto; the "
              f"draft's prefill {args.prefill_ms:g} ms a token. Mean predicted speedup over plain decoding "
              "per category; the hybrid's steps by source beside it.", ""]
-    for target in TARGETS:
-        lines += [f"## {target}", "", "| category | " + " | ".join(DRAFTS) + " | hybrid steps |",
-                  "|---|" + "---:|" * len(DRAFTS) + "---|"]
+    for target in targets:
+        lines += [f"## {target}", "", "| category | " + " | ".join(DRAFTS)
+                  + " | hybrid / best of plain, model, lookup | hybrid steps |",
+                  "|---|" + "---:|" * (len(DRAFTS) + 1) + "---|"]
         for cat in dict.fromkeys(r["category"] for r in rows):
             here = {r["draft"]: r for r in rows if r["target"] == target and r["category"] == cat}
+            best = max(1.0, here["model"]["speedup"], here["lookup"]["speedup"])
             lines.append(f"| {cat} | " + " | ".join(f"{here[d]['speedup']:.2f}\u00d7" for d in DRAFTS)
-                         + " | " + ", ".join(f"{k} {v}" for k, v in here["hybrid"]["sources"].items()) + " |")
+                         + f" | {here['hybrid']['speedup'] / best:.2f} | "
+                         + ", ".join(f"{k} {v}" for k, v in here["hybrid"]["sources"].items()) + " |")
         lines.append("")
     lines += ["![replay](replay.png)", ""]
     (args.out / "README.md").write_text("\n".join(lines), "utf-8")

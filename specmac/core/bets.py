@@ -44,11 +44,14 @@ class Bets:
     """Per-kind survival of free drafts by depth, and the cut that the measured step costs call for."""
 
     def __init__(self, decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 2.0,
-                 priors: dict[str, float] | None = None) -> None:
+                 priors: dict[str, float] | None = None, weights: dict[str, float] | None = None) -> None:
         self.decay, self.prior_alpha, self.prior_weight = decay, prior_alpha, prior_weight
         # per kind: the share assumed kept at each depth before the run shows any (else prior_alpha);
         # a drafter's kinds differ (a lookup's 1-token match is kept far less often than a long one)
         self.priors = dict(priors or {})
+        # per kind: the prior's weight, in proposals (else prior_weight): a kind whose proposals differ
+        # much from one another leans on its prior longer than a few kept ones would let it
+        self.weights = dict(weights or {})
         # the K policy whose width_costs() gives [n] seconds of a step over n tokens, measured widths
         # only (an AdaptiveK, set per run by the API); None: no cut
         self.cost: Any = None
@@ -80,7 +83,7 @@ class Bets:
         """[m + 1] S(j), j = 0..m: the estimated chance that a proposal's first j drafts are all kept."""
         reached = self.reached.get(key, np.zeros(0))
         kept = self.kept.get(key, np.zeros(0))
-        s, share, w = np.ones(m + 1), self.prior_of(key), self.prior_weight
+        s, share, w = np.ones(m + 1), self.prior_of(key), self.weight_of(key)
         for j in range(m):
             if j < len(reached):
                 share = (kept[j] + w * share) / (reached[j] + w)
@@ -95,10 +98,15 @@ class Bets:
         """The share of this kind's drafts assumed kept, a depth, before the run shows any."""
         return self.priors.get(key, self.prior_alpha)
 
+    def weight_of(self, key: str) -> float:
+        """The prior's weight for this kind, in proposals."""
+        return self.weights.get(key, self.prior_weight)
+
     def alpha(self, key: str) -> float:
         """The kind's pooled acceptance, kept over reached (the prior's weight added)."""
         r, k = self.reached.get(key, np.zeros(0)).sum(), self.kept.get(key, np.zeros(0)).sum()
-        return float((k + self.prior_of(key) * self.prior_weight) / (r + self.prior_weight))
+        w = self.weight_of(key)
+        return float((k + self.prior_of(key) * w) / (r + w))
 
     def learn(self, seq: Sequence[int]) -> None:
         """Score the pending proposals against the committed text: accepted drafts, and one

@@ -1,22 +1,22 @@
 """A hybrid drafter (``--draft lookup+gguf``, ``ngram+mlx``, ...): prompt lookup or a model, per step.
 
-Each step it asks the lookup (free: no pass) for its draft and, from the costs of each source and
-its running acceptance, predicts tokens per second of three choices: the lookup's draft (cut to
-the width that pays best), the model's draft at the best K (K passes of the model, then a target
-pass of K + 1), and no draft (a plain step). It proposes the best. The model's prefill of what it
-has not seen (the whole prompt the first time it is asked; what lookup steps added since) is
-counted in that choice, spread over the tokens the run has left, so on a long prompt with a short
-answer the model is never started unless it pays for it (``k_choice`` says so), with a fixed K
-too. Costs come from ``HybridPolicy``: the K policy's measured target curve and draft pass
-(``k="auto"``: the lookup's widths out to the widest measured, up to ``K_MAX``; the model's to
-``K_MODEL``), or, with a fixed K, the run's own step times (the target's; until one is timed the
-model, whose prefill cannot yet be weighed, is not started) and the model's passes as they are
-timed; the model's acceptance from what the target kept of its drafts, forgotten slowly, and the
-lookup's from its own bets (how far each kind of its matches was kept, depth by depth).
-``source`` names the choice of the last proposal, so the loop's events (and the run's stats)
-say how often each source drafted. Under ``k="auto"`` a model step whose drafts lead into a stretch
-the text holds is extended by the lookup's continuation, verified in the same pass as far as it
-pays (``_extension``; ``extended`` counts it).
+Each step it asks the lookup (free: no pass; its weak matches too, under ``k="auto"``) for its
+draft and, from the costs of each source and its running acceptance, predicts tokens per second of
+three choices: the lookup's draft (cut to the width that pays best), the model's draft at the best
+K (K passes of the model, then a target pass of K + 1), and no draft (a plain step). It proposes
+the best. The model's prefill of what it has not seen (the whole prompt the first time it is asked;
+what lookup steps added since) is counted in that choice, spread over the tokens the run has left,
+so on a long prompt with a short answer the model is never started unless it pays for it
+(``k_choice`` says so), with a fixed K too. Costs come from ``HybridPolicy``: the K policy's
+measured target curve and draft pass (``k="auto"``: the lookup's widths out to the widest measured,
+up to ``K_MAX``; the model's to ``K_MODEL``), or, with a fixed K, the run's own step times (the
+target's; until one is timed the model, whose prefill cannot yet be weighed, is not started) and
+the model's passes as they are timed; the model's acceptance from what the target kept of its
+drafts, forgotten slowly, and the lookup's from its own bets (how far each kind of its matches was
+kept, depth by depth). ``source`` names the choice of the last proposal, so the loop's events (and
+the run's stats) say how often each source drafted. Under ``k="auto"`` a model step whose drafts
+lead into a stretch the text holds is extended by the lookup's continuation, verified in the same
+pass as far as it pays (``_extension``; ``extended`` counts it).
 """
 
 from __future__ import annotations
@@ -301,6 +301,12 @@ class HybridPolicy:
         if self.adaptive and inner.prior is not None:
             self.lookup_policy = AdaptiveK(k_max=inner.k_max, horizon=horizon)
             self.lookup_policy.set_costs(list(inner.width_costs()[1:]), 0.0)
+        # the lookup proposes its weak matches too where the choice prices them against the model and
+        # a plain step (as its own bets do when it runs alone): on a target whose second row is cheap
+        # (F16 GGUF on a Xeon with AMX, T(2)/T(1) 1.11) they are most of what the lookup wins, and
+        # without them the hybrid ran at 0.87-0.96x the lookup alone in five categories
+        # (results/workloads_f16_xeon_amx)
+        drafter.lookup.priced = self.lookup_policy is not None
         drafter.cost = self
         if hasattr(inner, "k"):
             self.k = inner.k

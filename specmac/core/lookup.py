@@ -12,8 +12,9 @@ plain decoding costs. Under ``k="auto"`` a proposal is also cut to the width its
 acceptance pays for on the measured step costs (``specmac.core.bets``; weak, short and sure
 matches apart, and the latest continuation of a weak match whose continuations agree on nothing),
 so a weak match is not verified where the wider pass costs more than it wins. Weak matches (from
-``weak_match`` to under ``min_match`` tokens) are bet on only there: with a fixed K, which no
-costs weigh, a match under ``min_match`` proposes nothing. On a target whose wide pass costs
+``weak_match`` to under ``min_match`` tokens) are bet on only there (or where a hybrid's choice
+weighs them, ``priced``): with a fixed K, which no costs weigh, a match under ``min_match``
+proposes nothing. On a target whose wide pass costs
 about one token (torch bf16 on a CPU, results/probes_wide) a 1-token match's guess pays; on a
 llama.cpp Q4_K_M target the bets cut it away.
 
@@ -80,6 +81,14 @@ class LookupDrafter(Drafter):
     # bet's width flips on the Q4_K_M curve's steps (the replay's code editing 2.07x at 0.79, 1.96x at
     # 0.80), where 0.5 lets the run's own proposals widen it
     PRIORS = {"latest": 0.1, "weak": 0.4}
+    # the priors' weights, in proposals (else the bets' 2): weak and latest matches differ much from one
+    # another (the start of a copied stretch, a word that recurs by chance), and a bet made as soon as a
+    # few were kept is made on the luckiest estimate: over the recorded texts their bets on the F16
+    # curve of an AMD EPYC were kept 1.89 tokens a step where 2.48 were predicted (short and sure
+    # matches: more than predicted). At 8 the lookup alone replays at 1.26x plain on summarization
+    # there, 1.14x at 2, and no category of the six measured curves loses more than 1%
+    # (`python bench/replay_drafters.py replay --curves all`, results/replay)
+    WEIGHTS = {"latest": 8.0, "weak": 8.0}
 
     def __init__(self, min_match: int = 3, max_match: int = 8, agree: float = 0.5,
                  max_candidates: int = 8, sure_match: int = 6, min_accept: float = 0.3,
@@ -97,7 +106,10 @@ class LookupDrafter(Drafter):
         self.kept = np.zeros(max_match + 1)
         self.n_proposed = self.n_declined = 0
         self.last_match, self.last_kind = 0, "weak"
-        self.bets = Bets(priors=self.PRIORS)
+        self.bets = Bets(priors=self.PRIORS, weights=self.WEIGHTS)
+        # set by a hybrid that prices every proposal in its own choice (k="auto"): weak matches are
+        # then proposed, as where the lookup's own bets price them
+        self.priced = False
 
     def max_k(self, n_seq: int) -> int:
         return 1 << 30
@@ -149,7 +161,8 @@ class LookupDrafter(Drafter):
         self._sync(seq)
         n, ends = self.index.longest_match()
         self.last_match, self.last_kind = n, self.kind(n)
-        priced = self.bets.cost is not None  # k="auto": the bets weigh every proposal against the costs
+        # k="auto": the bets (or a hybrid's choice) weigh every proposal against the costs
+        priced = self.priced or self.bets.cost is not None
         if n == 0 or k < 1 or (n < self.min_match and not priced) or self._gated(n):
             return [], n
         toks, L = self.index.tokens, len(self.index.tokens)
