@@ -396,3 +396,23 @@ def test_the_stats_say_how_often_the_lookup_extended_the_models_drafts():
     r["k_policy"]["hybrid"]["extended"] = {"steps": 3, "proposed": 7, "kept": 5}
     want = "the lookup extended the model's drafts in 3 steps: 7 tokens proposed, 5 kept"
     assert want in stats_block(r, True)
+
+
+def test_under_auto_the_hybrid_weighs_the_lookups_weak_matches_too():
+    """Under k="auto" the lookup proposes its matches under min_match too, and the hybrid's choice
+    prices them against the model and a plain step (as the lookup's own bets do when it runs
+    alone); under a fixed K, which no costs weigh, it proposes none."""
+    curve = [1.0 + 0.02 * (n - 1) for n in range(1, K_MAX + 2)]  # a wide pass costs about one token
+    inner = AdaptiveK(k_max=K_MAX, horizon=400)
+    inner.set_costs(curve, 0.5)
+    model = ModelDrafter(load_backend("synthetic", None, None, role="draft"))
+    h = HybridDrafter(LookupDrafter(min_match=3), model)
+    HybridPolicy(inner, h, horizon=400, prefill_per_token=0.0)
+    h.acc["model"] = [1.0, 50.0]  # a model that is rarely kept: the choice is the lookup's or none
+    seq = [5, 1, 7, 8, 9, 1]  # only "1" recurs: a weak match
+    drafts = h.propose(seq, K_MAX, GREEDY, np.random.default_rng(0), 100)[0]
+    assert h.lookup.priced and h.lookup.last_kind == "weak"
+    assert h.source == "lookup" and drafts and drafts == [7, 8, 9, 1][:len(drafts)]
+    HybridPolicy(FixedK(4), h, horizon=400, prefill_per_token=0.0)  # the next run: a fixed K
+    h.trim(0)
+    assert not h.lookup.priced and h.lookup.draft(seq, 4)[0] == []

@@ -183,3 +183,21 @@ def test_greedy_lookup_equals_plain_on_the_embedded_target(backend):
     plain = pair.plain().generate(prompt, params=GREEDY, k=1, max_tokens=48)
     assert spec.token_ids == plain.token_ids
     assert spec.stats.n_drafted > 0  # it did bet, and was kept exact
+
+
+def test_a_few_kept_weak_bets_do_not_yet_make_the_next_one(monkeypatch):
+    """Weak and latest matches lean on their prior longer (``LookupDrafter.WEIGHTS``: 8 proposals,
+    the other kinds 2): two kept 1-token matches do not make the next one a bet where its first
+    extra row costs 0.6 of a pass (the prior's weight of 2 would: 1.70 tokens for 1.6 passes)."""
+    weak_seq = [5, 1, 7, 8, 9, 1]  # only "1" recurs: a weak match
+
+    def after_two_kept():
+        d = LookupDrafter(min_match=3)
+        d.bets.cost = Curve(0.6)
+        for _ in range(2):
+            d.bets.observe("weak", 1, 1, False)  # a weak proposal whose draft was kept
+        return propose(d, weak_seq, 4)
+
+    assert after_two_kept() == []  # 1.52 tokens for 1.6 passes
+    monkeypatch.setattr(LookupDrafter, "WEIGHTS", {})
+    assert after_two_kept() == [7]

@@ -86,8 +86,8 @@ class LookupDrafter(Drafter):
     # few were kept is made on the luckiest estimate: over the recorded texts their bets on the F16
     # curve of an AMD EPYC were kept 1.89 tokens a step where 2.48 were predicted (short and sure
     # matches: more than predicted). At 8 the lookup alone replays at 1.26x plain on summarization
-    # there, 1.14x at 2, and no category of the six measured curves loses more than 1%
-    # (`python bench/replay_drafters.py replay --curves all`, results/replay)
+    # there, 1.14x at 2; no category of the six measured curves loses more than 1.4% (code editing
+    # on the EPYC's Q4_K_M curve, 2.08x to 2.05x) (`python bench/replay_drafters.py replay --curves all`)
     WEIGHTS = {"latest": 8.0, "weak": 8.0}
 
     def __init__(self, min_match: int = 3, max_match: int = 8, agree: float = 0.5,
