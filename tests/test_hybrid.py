@@ -416,3 +416,26 @@ def test_under_auto_the_hybrid_weighs_the_lookups_weak_matches_too():
     HybridPolicy(FixedK(4), h, horizon=400, prefill_per_token=0.0)  # the next run: a fixed K
     h.trim(0)
     assert not h.lookup.priced and h.lookup.draft(seq, 4)[0] == []
+
+
+def test_a_lookup_step_counts_as_the_lookups_only_where_it_beats_a_started_model_too():
+    """The share of the text the model would draft for (its prefill is paid back over it) counts a
+    lookup step as the lookup's only where the lookup would have been chosen over a started model
+    too: a weak bet taken while the model's prefill was still to be paid is a step the model would
+    have taken; a copied stretch is the lookup's."""
+    rng = np.random.default_rng(0)
+    weak = hybrid(prefill=1.0, left=4000)  # a prefill of 6 s: the lookup is tried alone first
+    weak.lookup.priced = True
+    weak.acc["model"] = [9.0, 10.0]  # a model that would be kept far
+    seq = [5, 1, 7, 8, 9, 1]  # only "1" recurs: a weak match
+    assert weak.propose(seq, 8, GREEDY, rng, 100)[0] and weak.source == "lookup"
+    weak.propose([*seq, 7, 8], 8, GREEDY, rng, 100)
+    assert weak.tokens == {"lookup": 0, "other": 2}
+    copy = hybrid(prefill=1.0, left=4000)
+    copy.acc["model"] = [1.0, 10.0]  # a model that is rarely kept
+    for _ in range(10):
+        copy.lookup.bets.observe("sure", 8, 8, False)  # copied stretches, kept whole
+    seq = [3, 4, 5, 6, 7, 8, 9, 2, 0, 3, 4, 5, 6, 7, 8, 9]  # a 7-token match: a sure one
+    assert copy.propose(seq, 8, GREEDY, rng, 100)[0] and copy.source == "lookup"
+    copy.propose([*seq, 2, 0, 3], 8, GREEDY, rng, 100)
+    assert copy.tokens == {"lookup": 3, "other": 0}

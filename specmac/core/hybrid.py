@@ -71,7 +71,10 @@ class HybridDrafter(Drafter):
         self.model_prefill_s: float | None = None  # what the model's first proposal paid beyond its passes
         self.t_model: list[float] = []  # seconds per model pass, from proposals with little to catch up
         self.tokens = {"lookup": 0, "other": 0}  # what the run committed after lookup steps and after others
-        self._last: tuple[int, str] | None = None  # (length of the text, source) of the last proposal
+        # (length of the text, whether the lookup drafted it and would have been chosen over a started
+        # model too) of the last proposal
+        self._last: tuple[int, bool] | None = None
+        self._lookup_won = False  # the last choice: the lookup, over the model without its prefill too
         self._model_step: tuple[float, float] | None = None  # the model step chosen: (E(K), seconds less T)
         # model drafts extended by the lookup: steps, tokens proposed past the model's, tokens kept of them
         self.extended = {"steps": 0, "proposed": 0, "kept": 0}
@@ -128,8 +131,13 @@ class HybridDrafter(Drafter):
 
     def model_share(self) -> float:
         """The share of the tokens left the model can expect to draft for: of the text written so
-        far, what steps other than the lookup's wrote (a prior of one token each way). Its prefill is
-        paid back only over those: on a copying text (a code edit) the lookup writes most of it."""
+        far, what steps other than the lookup's wrote (a prior of one token each way), where a lookup
+        step counts as the lookup's only if it would have been chosen over a started model too. Its
+        prefill is paid back only over those: on a copying text (a code edit) the lookup writes most
+        of it; its bets on 1-2-token matches (which pay where a wide pass costs about one token) are
+        steps the model would have taken, and do not keep it from starting (torch bf16 on a Xeon with
+        AMX: with them counted as the lookup's, the model was never started on summarization and
+        multi-turn chat, results/workloads_torch_bf16_xeon_amx_weak)."""
         return (self.tokens["other"] + 1) / (self.tokens["other"] + self.tokens["lookup"] + 2)
 
     def _hold(self, behind: int, t1: float) -> bool:
@@ -145,8 +153,8 @@ class HybridDrafter(Drafter):
 
     def _count(self, n_seq: int) -> None:
         if self._last is not None:
-            n0, source = self._last
-            self.tokens["lookup" if source == "lookup" else "other"] += max(n_seq - n0, 0)
+            n0, lookup_won = self._last
+            self.tokens["lookup" if lookup_won else "other"] += max(n_seq - n0, 0)
 
     def choose(self, behind: int, k: int, n_lookup: int, lookup_kind: str) -> tuple[str, int]:
         """(source, width) with the most predicted tokens per second: ("lookup", m <= n_lookup),
@@ -155,6 +163,7 @@ class HybridDrafter(Drafter):
         curve = self.cost.curve() if self.cost is not None else np.ones(K_MAX + 2)
         top = len(curve) - 2
         self._model_step = None
+        self._lookup_won = False
         best = (NONE, 0, 1.0 / curve[1])  # plain decoding
         if n_lookup and self.cost is not None:
             n_lookup = min(n_lookup, self.cost.lookup_cap())
@@ -167,11 +176,17 @@ class HybridDrafter(Drafter):
             if rate[i] > best[2]:
                 best = ("lookup", int(m[i]), float(rate[i]))
         # K is chosen under k="auto"; a fixed K is the user's (and waits for a timed step, ``timed``)
-        if k and (self.cost is None or self.cost.timed()) and not self._hold(behind, curve[1]):
+        timed = k and (self.cost is None or self.cost.timed())
+        if timed:
             adaptive = self.cost is not None and self.cost.adaptive
             ks = np.arange(1, min(k, top, K_MODEL) + 1) if adaptive else np.array([k])
             e, draft = self.model_steps(ks)
             width = curve[np.minimum(ks + 1, top + 1)]
+            free = float(np.max(e / (draft + width)))  # the model's rate were its prefill paid
+            self._lookup_won = best[0] == "lookup" and best[2] >= free
+        else:
+            self._lookup_won = best[0] == "lookup"
+        if timed and not self._hold(behind, curve[1]):
             # the model's prefill of what it has not seen, spread over the tokens left that the model
             # can expect to draft for (per step: e of them)
             left = self.cost.tokens_left() if self.cost is not None else None
@@ -185,7 +200,6 @@ class HybridDrafter(Drafter):
                 best = (self.model_source, int(ks[i]), float(rate[i]))
                 self._model_step = (float(e[i]), float(np.broadcast_to(draft + share, rate.shape)[i]))
             elif left and prefill and not self.model_started and not self.k_choice:
-                free = float(np.max(e / (draft + width)))  # the model's rate were its prefill free
                 if free > best[2]:
                     saving = left / best[2] - left / free
                     self.k_choice = (f"model draft not explored: its prefill of {behind} tokens \u2248 "
@@ -201,7 +215,7 @@ class HybridDrafter(Drafter):
         behind = len(seq) - (_common_prefix(self.model.seen, seq, len(seq) - 1) if self.model_started else 0)
         self._count(len(seq))
         source, width = self.choose(behind, k, len(look), kind)
-        self._last = (len(seq), source)
+        self._last = (len(seq), source == "lookup" and self._lookup_won)
         self._source = source
         self.steps[source] += 1
         if source == NONE:
