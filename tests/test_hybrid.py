@@ -439,3 +439,20 @@ def test_a_lookup_step_counts_as_the_lookups_only_where_it_beats_a_started_model
     assert copy.propose(seq, 8, GREEDY, rng, 100)[0] and copy.source == "lookup"
     copy.propose([*seq, 2, 0, 3], 8, GREEDY, rng, 100)
     assert copy.tokens == {"lookup": 3, "other": 0}
+
+
+def test_a_started_model_that_pays_takes_the_step_from_a_weak_lookup_bet():
+    """A 1-2-token match's guess competes with a plain step, not with a started model that pays:
+    the same step goes to the lookup while the model is not started, and to the model once it is,
+    though the guess's own rate is the higher; a match of min_match tokens or more still competes."""
+    h = hybrid()  # every width costs one pass, a model pass 0.1 of it
+    h.acc["model"] = [1.0, 4.0]  # a model kept a quarter of the time: it pays, barely
+    for _ in range(10):
+        h.lookup.bets.observe("weak", 3, 3, False)  # weak guesses kept whole so far
+        h.lookup.bets.observe("short", 3, 3, False)
+    assert h.choose(0, 8, 3, "weak") == ("lookup", 3)
+    h.model_started = True
+    assert h.choose(0, 8, 3, "weak")[0] == "synthetic"
+    assert h.choose(0, 8, 3, "short") == ("lookup", 3)
+    h.acc["model"] = [0.0, 50.0]  # a model that does not pay: the guess beats a plain step again
+    assert h.choose(0, 8, 3, "weak") == ("lookup", 3)

@@ -51,6 +51,11 @@ class HybridDrafter(Drafter):
     # shows it copies (7.3-7.5x plain there against 10.3x on torch bf16); 4 costs summarization 3% there
     # and wins multi-turn 4% (the GGUF targets: no change).
     explore = 3
+    # the lookup's kinds of match under min_match: bets that compete with a plain step, never with a
+    # started model that pays. Priced against the model they won steps from it on torch bf16 on a Xeon
+    # with AMX and lost them: summarization 1.49x plain, multi-turn 0.95x the lookup alone, where
+    # without them the hybrid had made 1.87x and 1.01x (results/workloads_torch_bf16_xeon_amx_share)
+    GUESSES = ("weak", "latest")
 
     def __init__(self, lookup: LookupDrafter, model: ModelDrafter, name: str = "lookup+model",
                  decay: float = 0.97, prior_alpha: float = 0.5, prior_weight: float = 4.0) -> None:
@@ -196,7 +201,8 @@ class HybridDrafter(Drafter):
             share = e * prefill / left if left else 0.0
             rate = e / (draft + width + share)
             i = int(np.argmax(rate))
-            if rate[i] > best[2]:
+            guess = best[0] == "lookup" and lookup_kind in self.GUESSES and self.model_started
+            if rate[i] > best[2] or (guess and rate[i] > 1.0 / curve[1]):
                 best = (self.model_source, int(ks[i]), float(rate[i]))
                 self._model_step = (float(e[i]), float(np.broadcast_to(draft + share, rate.shape)[i]))
             elif left and prefill and not self.model_started and not self.k_choice:
