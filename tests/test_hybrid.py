@@ -438,7 +438,27 @@ def test_a_lookup_step_counts_as_the_lookups_only_where_it_beats_a_started_model
     seq = [3, 4, 5, 6, 7, 8, 9, 2, 0, 3, 4, 5, 6, 7, 8, 9]  # a 7-token match: a sure one
     assert copy.propose(seq, 8, GREEDY, rng, 100)[0] and copy.source == "lookup"
     copy.propose([*seq, 2, 0, 3], 8, GREEDY, rng, 100)
-    assert copy.tokens == {"lookup": 3, "other": 0}
+    assert copy.tokens == {"lookup": 2, "other": 1}  # two drafts kept, and the target's own token
+
+
+def test_a_lookup_step_writes_only_the_drafts_it_had_kept():
+    """A lookup step that won is credited with the drafts the target kept, not with the target's own
+    token: a bet rejected at once wrote nothing of the lookup's, so failed bets do not shrink the
+    share of the text the model would draft for (its prefill is paid back over it)."""
+    rng = np.random.default_rng(0)
+    h = hybrid(prefill=1.0, left=4000)
+    h.acc["model"] = [1.0, 10.0]  # a model that is rarely kept: the lookup wins its steps
+    for _ in range(10):
+        h.lookup.bets.observe("sure", 8, 8, False)
+    seq = [3, 4, 5, 6, 7, 8, 9, 2, 0, 3, 4, 5, 6, 7, 8, 9]  # a sure match: it proposes 2, 0, 3, ...
+    # five drafts kept and the target's token; then a bet rejected at once; then no match (no lookup)
+    for committed, source in (([2, 0, 3, 4, 5, 6], "lookup"), ([1], "lookup"), ([7], "none")):
+        h.propose(seq, 8, GREEDY, rng, 100)
+        assert h.source == source
+        seq = [*seq, *committed]
+    h.propose(seq, 8, GREEDY, rng, 100)
+    assert h.tokens == {"lookup": 5, "other": 3}
+    assert h.model_share() == pytest.approx(4 / 10)
 
 
 def test_a_started_model_that_pays_takes_the_step_from_a_weak_lookup_bet():
