@@ -46,15 +46,13 @@ class HybridDrafter(Drafter):
     """Lookup where its match pays, the model where it pays more, nothing where neither does."""
 
     name = "hybrid"
-    # tokens the lookup is tried alone before a model with a costly prefill is started. 3, of 1..4 in
-    # bench/replay_drafters.py over three targets: 1 or 2 start the model on a code edit before the lookup
-    # shows it copies (7.3-7.5x plain there against 10.3x on torch bf16); 4 costs summarization 3% there
-    # and wins multi-turn 4% (the GGUF targets: no change).
+    # tokens the lookup is tried alone before a model with a costly prefill is started: 3, of 1..4 in
+    # bench/replay_drafters.py (1 or 2 start the model on a code edit before the lookup shows it copies,
+    # 7.3-7.5x plain against 10.3x on torch bf16; 4 costs summarization 3%, wins multi-turn 4%).
     explore = 3
-    # the lookup's kinds of match under min_match: bets that compete with a plain step, never with a
-    # started model that pays. Priced against the model they won steps from it on torch bf16 on a Xeon
-    # with AMX and lost them: summarization 1.49x plain, multi-turn 0.95x the lookup alone, where
-    # without them the hybrid had made 1.87x and 1.01x (results/workloads_torch_bf16_xeon_amx_share)
+    # the lookup's kinds of match under min_match: they compete with a plain step, never with a started
+    # model that pays (priced against it, they took its steps on torch bf16 on a Xeon with AMX and lost:
+    # summarization 1.49x plain, 1.87x without; results/workloads_torch_bf16_xeon_amx_share)
     GUESSES = ("weak", "latest")
 
     def __init__(self, lookup: LookupDrafter, model: ModelDrafter, name: str = "lookup+model",
@@ -135,14 +133,11 @@ class HybridDrafter(Drafter):
         return self.cost.t_draft1() if self.cost is not None else 0.0
 
     def model_share(self) -> float:
-        """The share of the tokens left the model can expect to draft for: of the text written so
-        far, what the lookup's kept drafts did not write (a prior of one token each way), where a
-        lookup step counts as the lookup's only if it would have been chosen over a started model
-        too (``_count``). Its prefill is paid back only over those: on a copying text (a code edit)
-        the lookup writes most of it; its bets on 1-2-token matches (which pay where a wide pass
-        costs about one token) are steps the model would have taken, and do not keep it from
-        starting (torch bf16 on a Xeon with AMX: with them counted as the lookup's, the model was
-        never started on summarization and multi-turn chat, results/workloads_torch_bf16_xeon_amx_weak)."""
+        """The share of the tokens left the model can expect to draft for, its prefill paid back
+        over them: of the text so far, what the lookup's kept drafts did not write (``_count``; a
+        prior of one token each way). A code edit's lookup writes most of it; its 1-2-token bets
+        are steps the model would have taken (counted as the lookup's, they kept the model off
+        torch bf16 summarization and multi-turn chat: results/workloads_torch_bf16_xeon_amx_weak)."""
         return (self.tokens["other"] + 1) / (self.tokens["other"] + self.tokens["lookup"] + 2)
 
     def _hold(self, behind: int, t1: float) -> bool:
@@ -157,11 +152,10 @@ class HybridDrafter(Drafter):
         return written < self.explore and self.cost.prefill_s(behind) > self.explore * t1
 
     def _count(self, n_seq: int) -> None:
-        """Credit what the last step committed: a lookup step that won (``_last``) wrote its kept
-        drafts; the target's own token of every step is the other sources' (a model step would have
-        written it too). Credited whole to the lookup, its bets that failed (a 1-token step each) kept
-        the model's share small and the model off a chat where it paid: torch bf16 multi-turn on the
-        AMD EPYC, 0.95x the model alone in bench/replay_drafters.py, 0.99x so."""
+        """Credit the last step's tokens: a lookup step that won over a started model too
+        (``_last``) wrote its kept drafts; the target's own token is the others' (a failed bet,
+        credited whole, kept the model off torch bf16 multi-turn chat on the AMD EPYC: 0.95x the
+        model alone in bench/replay_drafters.py, 0.99x so)."""
         if self._last is not None:
             n0, lookup_won = self._last
             n = max(n_seq - n0, 0)
@@ -218,8 +212,7 @@ class HybridDrafter(Drafter):
                     saving = left / best[2] - left / free
                     self.k_choice = (f"model draft not explored: its prefill of {behind} tokens \u2248 "
                                      f"{prefill:.2g} s exceeds the best saving over the {left:.0f} tokens it "
-                                     f"would draft for \u2248 "
-                                     f"{saving:.2g} s")
+                                     f"would draft for \u2248 {saving:.2g} s")
         return best[0], best[1]
 
     def propose(self, seq, k, params, rng, n_vocab, noise=None):
