@@ -43,7 +43,8 @@ import specmac.core.hybrid as hybrid_module
 from specmac.compare.results import _pyplot, provenance, save_figure, write_json
 from specmac.core.bets import Bets, common_prefix
 from specmac.core.drafters import NgramDrafter
-from specmac.core.hybrid import HybridDrafter, HybridPolicy
+from specmac.core.hybrid import HybridDrafter
+from specmac.core.hybrid_policy import HybridPolicy
 from specmac.core.lookup import LookupDrafter
 from specmac.core.loop import Event
 from specmac.core.policy import AdaptiveK

@@ -17,7 +17,8 @@ import numpy as np
 from specmac.backends import BaseBackend, load_backend
 from specmac.core.costs import K_MAX, K_MODEL
 from specmac.core.drafters import Drafter, PlainDecoding, check_draft_args, load_drafter
-from specmac.core.hybrid import HybridDrafter, HybridPolicy
+from specmac.core.hybrid import HybridDrafter
+from specmac.core.hybrid_policy import HybridPolicy
 from specmac.core.loop import Event, speculative_steps
 from specmac.core.policy import K_DEFAULT, K_LIMIT, AdaptiveK, FixedK, KPolicy
 from specmac.core.prediction import PredictionDrafter

@@ -10,7 +10,8 @@ from specmac.cli import main
 from specmac.compare.settings import parse_pair
 from specmac.core.costs import K_MAX
 from specmac.core.drafters import ModelDrafter, split_hybrid
-from specmac.core.hybrid import HybridDrafter, HybridPolicy
+from specmac.core.hybrid import HybridDrafter
+from specmac.core.hybrid_policy import HybridPolicy
 from specmac.core.lookup import LookupDrafter
 from specmac.core.policy import AdaptiveK, FixedK
 from specmac.core.sampling import SamplingParams

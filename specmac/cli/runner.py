@@ -15,7 +15,7 @@ import click
 
 from specmac.api import Pair
 from specmac.cli.render import EXIT_INTERRUPTED, STYLE, legend, stats_block, verdict, verify_table
-from specmac.core.hybrid import HybridPolicy
+from specmac.core.hybrid_policy import HybridPolicy
 from specmac.core.loop import Event
 from specmac.core.policy import AdaptiveK, FixedK, KPolicy
 from specmac.core.runstats import RunStats
