@@ -32,8 +32,6 @@ class HybridPolicy:
         self.n_out = 0
         self.n_seen = np.zeros(K_MAX + 2)
         self.t_seen = np.zeros(K_MAX + 2)
-        self.t_prefill_target = 0.0
-        self.n_prefill_target = 0
         self._curve: np.ndarray | None = None
         # under k="auto", the K policy the lookup alone would run under (free drafts, the same curve),
         # fed the lookup's steps and the plain ones: it caps how wide the lookup bets, as it caps the
@@ -65,8 +63,6 @@ class HybridPolicy:
 
     def update(self, event: Any) -> None:
         self.n_out += len(event.tokens)
-        if event.t_prefill:
-            self.t_prefill_target = event.t_prefill
         n = event.n_drafted + 1
         if event.n_passes and n < len(self.n_seen):
             self.n_seen[n] += 1
