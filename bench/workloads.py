@@ -5,7 +5,8 @@
 
 The packaged workload (specmac/data/workload.jsonl, whole conversations) through the target's chat
 template, on the Qwen2.5-Coder 1.5B Q4_K_M GGUF target (or another of the same weights:
-``--target-backend``, ``--target-model``, ``--target-opt``) with the 0.5B Q4_K_M draft, greedy, every
+``--target-backend``, ``--target-model``, ``--target-opt``) with the 0.5B Q4_K_M draft (or
+``--draft-model``, a GGUF file with the target's vocabulary), greedy, every
 configuration at ``--k`` (default auto) interleaved per prompt and round by compare's measurement
 (``specmac.compare.measure``: one warm-up round discarded). Writes results.json (the runs, the
 per-configuration and per-category aggregates, greedy identity with plain per prompt), a PNG of the
@@ -219,6 +220,8 @@ def main() -> None:
                                            f"{QWEN_15B_GGUF}]")
     ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE",
                     help="a target backend option, e.g. dtype=bfloat16 (repeatable)")
+    ap.add_argument("--draft-model", help=f"the model draft's GGUF file [default: MODELS_DIR/"
+                                          f"{QWEN_05B_GGUF}]")
     ap.add_argument("--categories", default="", help="comma-separated categories (default: every one)")
     ap.add_argument("--drafts", default=",".join(DRAFTS), help="drafts, comma-separated (default: all)")
     ap.add_argument("--k-for", action="append", default=[], metavar="DRAFT=KS",
@@ -227,7 +230,7 @@ def main() -> None:
                     help="new tokens for the code-editing prompts (a rewritten file is long; default 256)")
     args = ap.parse_args()
     target = args.target_model or str(args.models_dir / QWEN_15B_GGUF)
-    draft = str(args.models_dir / QWEN_05B_GGUF)
+    draft = args.draft_model or str(args.models_dir / QWEN_05B_GGUF)
     tb = args.target_backend
     prompts = read_prompts(PACKAGED_WORKLOAD, turns="all")
     wanted = [c for c in args.categories.split(",") if c]
@@ -268,12 +271,12 @@ def main() -> None:
               "results": aggregate(runs, True), "categories": cats, "greedy_identity": same,
               "budget": checks, "runs": runs}
     write_json(args.out / "results.json", record)
-    save_figure(figure(cats, f"Speedup per category (0.5B Q4_K_M draft -> 1.5B {tb} {Path(target).name}"
+    save_figure(figure(cats, f"Speedup per category (draft {Path(draft).name} -> {tb} {Path(target).name}"
                              f"{''.join(', ' + kv for kv in args.target_opt)}, greedy)"),
                 args.out / "speedup_by_category.png")
     bad = [f"{r['config']} on {r['prompt']}" for r in same if not r["same"]]
     opts = "".join(f", {kv}" for kv in args.target_opt)
-    lines = [f"# Drafts per workload category (Qwen2.5-Coder 0.5B Q4_K_M GGUF draft -> 1.5B target: "
+    lines = [f"# Drafts per workload category (model draft: gguf `{Path(draft).name}` -> target: "
              f"{tb} `{Path(target).name}`{opts}, greedy)", "",
              f"`{command}`", "",
              f"{len(prompts)} prompts ({', '.join(p['id'] for p in prompts)}; prompt tokens "
