@@ -31,7 +31,7 @@ from specmac.backends import load_backend, missing_requirements
 from specmac.compare.measure import AUTO, Loaded, PairSpec, Settings, aggregate, measure
 from specmac.compare.results import provenance, write_json
 from specmac.core.drafters import Drafter, ModelDrafter, NgramDrafter
-from specmac.core.prompts import advise_prompts, read_prompts
+from specmac.compare.prompts import advise_prompts, read_prompts
 from specmac.core.sampling import SamplingParams
 from specmac.probes import probe_parallelism
 

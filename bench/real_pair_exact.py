@@ -41,7 +41,7 @@ from specmac.compare.results import provenance, write_json
 from specmac.core.drafters import ModelDrafter, PlainDecoding
 from specmac.core.hybrid import NONE, HybridDrafter
 from specmac.core.lookup import LookupDrafter
-from specmac.core.prompts import PACKAGED_WORKLOAD, read_prompts
+from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
 from specmac.core.sampling import SamplingParams
 from specmac.lossless.greedy import diagnose
 

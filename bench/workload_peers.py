@@ -35,7 +35,7 @@ from specmac.api import Pair
 from specmac.compare.measure import rotated
 from specmac.compare.results import provenance, write_json
 from specmac.core.drafters import load_drafter
-from specmac.core.prompts import PACKAGED_WORKLOAD, read_prompts
+from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
 from specmac.core.sampling import SamplingParams
 
 GREEDY = SamplingParams(0.0)

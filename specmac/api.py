@@ -15,20 +15,20 @@ from typing import Any
 import numpy as np
 
 from specmac.backends import BaseBackend, load_backend
-from specmac.core.costs import K_MAX, K_MODEL
-from specmac.core.drafters import Drafter, PlainDecoding, check_draft_args, load_drafter
-from specmac.core.hybrid import HybridDrafter
-from specmac.core.hybrid_policy import HybridPolicy
+from specmac.core.costs import K_LIMIT, K_MAX, K_MODEL
+from specmac.core.drafters import Drafter
 from specmac.core.loop import Event, speculative_steps
-from specmac.core.policy import K_DEFAULT, K_LIMIT, AdaptiveK, FixedK, KPolicy
+from specmac.core.planner import K_DEFAULT, Planner
 from specmac.core.prediction import PredictionDrafter
 from specmac.core.rejection import AcceptRule
 from specmac.core.runstats import RunStats
 from specmac.core.sampling import SamplingParams
+from specmac.core.sources import check_draft_args, load_sources
 from specmac.errors import BadOption
 
 MAX_TOKENS = 128  # tokens a run writes unless told otherwise
 FIT_EVERY_S = 1.0  # a run refits the backends' CPU threads to the load unless the last fit is this recent
+REUSE_COSTS_S = 60.0  # k="auto" reuses the pair's costs (refined by its runs) if measured this recently
 
 
 @dataclass
@@ -48,12 +48,27 @@ class Generation:
 
 
 class Pair:
-    """A target backend and a drafter (a model on any backend, n-gram lookup, or none)."""
+    """A target backend and its draft sources (none, a model on any backend, prompt lookup, or both)."""
 
-    def __init__(self, target: BaseBackend, drafter: Drafter) -> None:
-        self.target, self.drafter = target, drafter
+    def __init__(self, target: BaseBackend, sources: Drafter | Sequence[Drafter] = ()) -> None:
+        self.target = target
+        self.sources = [sources] if isinstance(sources, Drafter) else list(sources)
         self.threads: dict[str, str] = {}  # role -> the CPU threads the last fit chose, and why
         self._fitted_at = -FIT_EVERY_S
+        # k="auto": (width, drafts, threads) -> (when measured, its costs, where they are kept)
+        self._auto: dict[tuple, tuple[float, Any, Any]] = {}
+
+    @property
+    def drafts(self) -> dict[str, BaseBackend]:
+        """The draft models, by source name (free sources have none)."""
+        return {s.name: s.backend for s in self.sources if s.backend is not None}
+
+    def _backends(self) -> dict[str, BaseBackend]:
+        out = {"target": self.target}
+        for name, b in self.drafts.items():
+            if b is not self.target:
+                out["draft" if len(self.drafts) == 1 else f"draft {name}"] = b
+        return out
 
     def fit_threads(self) -> dict[str, str]:
         """Fit each backend's CPU threads to how busy the machine is now (before every run, at most
@@ -61,17 +76,13 @@ class Pair:
         now = time.monotonic()
         if now - self._fitted_at >= FIT_EVERY_S:
             self._fitted_at = now
-            draft = self.drafter.backend
-            notes = {"target": self.target.fit_threads(),
-                     "draft": draft.fit_threads() if draft is not None and draft is not self.target else None}
+            notes = {role: b.fit_threads() for role, b in self._backends().items()}
             self.threads = {role: why for role, why in notes.items() if why}
         return self.threads
 
     def threads_now(self) -> dict[str, str]:
         """{role: the thread count now and why}, a refit during the last run included."""
-        draft = self.drafter.backend
-        notes = {"target": self.target.threads_note,
-                 "draft": draft.threads_note if draft is not None and draft is not self.target else None}
+        notes = {role: b.threads_note for role, b in self._backends().items()}
         return {role: why for role, why in notes.items() if why and role in self.threads}
 
     @classmethod
@@ -83,77 +94,61 @@ class Pair:
         can read a tokenizer alone), then load the draft."""
         check_draft_args(draft, draft_model, draft_options)  # before any weights load
         tb = load_backend(target, target_model, target_options, role="target")
-        return cls(tb, load_drafter(draft, draft_model, draft_options, target_vocab=tb.vocab))
+        return cls(tb, load_sources(draft, draft_model, draft_options, target_vocab=tb.vocab))
 
     def plain(self) -> Pair:
-        """The same target with no drafter: plain decoding."""
-        return Pair(self.target, PlainDecoding())
+        """The same target with no sources: plain decoding."""
+        return Pair(self.target)
 
     @property
     def speculative(self) -> bool:
-        return self.drafter.drafts
+        return bool(self.sources)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         return self.target.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    def policy(self, k: int | str | KPolicy = K_DEFAULT, max_tokens: int | None = None) -> KPolicy:
-        """The K policy that ``k`` names, at no cost: an integer >= 1 (FixedK) or a policy object,
-        returned as is. "auto" needs the pair's pass costs: it is ``timed_auto_policy``. A hybrid
-        drafter's policy is wrapped in a HybridPolicy, which hands the drafter the costs it
-        chooses its source by (``max_tokens``: the tokens the run can write; with a fixed K the
-        model's prefill rate is measured once and kept, see ``cached_prefill_per_token``)."""
-        if isinstance(k, KPolicy):
-            self._bet_on(k)
-            return k
-        if check_k(k) == "auto":
-            raise BadOption("k 'auto' is timed from the pair's passes: call timed_auto_policy(max_tokens) "
-                            "(or pass k='auto' to generate or stream)", param="k")
-        return self._wrap(FixedK(int(k)), max_tokens)
+    def planner(self, k: int | str = K_DEFAULT, sources: Sequence[Drafter] | None = None, *,
+                remeasure: bool = False, notify: Callable[[str], None] | None = None) -> Planner:
+        """The planner ``k`` asks for, over ``sources`` (default: the pair's). An integer fixes the
+        width; where there are several sources to weigh (a lookup and a model) the draft models'
+        passes are timed first (a few passes; the prefill rate is kept). "auto" chooses widths from
+        the target's pass at every width it may choose, measured once per machine and model and
+        kept (``specmac.tuning.calibration``; ``remeasure`` measures again; ``notify`` hears of a
+        long measurement before it starts), out to ``K_MAX`` drafts where a free source may bet
+        that wide, ``K_MODEL`` for a model alone."""
+        sources = self.sources if sources is None else list(sources)
+        k = check_k(k)
+        drafts = {s.name: s.backend for s in sources if s.backend is not None}
+        if k != "auto" and (len(sources) < 2 or not drafts):
+            return Planner(sources, k=int(k))
+        from specmac.tuning.calibration import measure_costs
 
-    def _wrap(self, policy: KPolicy, max_tokens: int | None) -> KPolicy:
-        """The policy as this drafter needs it: a hybrid's wrapped with the costs it chooses by
-        (the model's prefill rate included, whatever K); a free drafter's bets (lookup, n-gram) cut
-        by the policy's measured step costs under "auto", uncut under a fixed K."""
-        if isinstance(self.drafter, HybridDrafter):
-            rate = getattr(policy, "prefill_per_token", None)
-            if not rate:
-                from specmac.core.calibration import cached_prefill_per_token
+        self.fit_threads()  # costs are timed at the thread count the run will use
+        # a model drafts at most K_MODEL; a free source (or a request's prediction, later) bets wider
+        width = K_MODEL if sources and all(s.backend is not None for s in sources) else K_MAX
+        key = (width if k == "auto" else None, tuple(sorted(drafts)), tuple(sorted(self.threads.items())))
+        when, costs, kept = self._auto.get(key, (-REUSE_COSTS_S, None, None))
+        if remeasure or time.monotonic() - when >= REUSE_COSTS_S:  # else this pair's, refined by its runs
+            costs, kept = measure_costs(self.target if k == "auto" else None, drafts, width,
+                                        remeasure=remeasure, notify=notify)
+            self._auto[key] = (time.monotonic(), costs, kept)
+        planner = Planner(sources, costs, k=None if k == "auto" else int(k))
+        planner.kept = kept
+        return planner
 
-                rate = cached_prefill_per_token(self.drafter.backend)
-            return HybridPolicy(policy, self.drafter, horizon=max_tokens, prefill_per_token=rate)
-        self._bet_on(policy)
-        return policy
-
-    def _bet_on(self, policy: KPolicy) -> None:
-        """A free drafter's bets (lookup, n-gram) weigh each proposal against this run's policy's
-        measured step costs when it is a calibrated AdaptiveK, and cut nothing otherwise."""
-        bets = getattr(self.drafter, "bets", None)
-        if bets is not None:
-            bets.cost = policy if isinstance(policy, AdaptiveK) and policy.prior is not None else None
-
-    def timed_auto_policy(self, max_tokens: int | None = None, n_prompt: int | None = None) -> KPolicy:
-        """K = auto: an AdaptiveK started from this pair's pass costs, timed now (seconds on a large
-        model) or kept from an earlier run (see specmac.core.calibration). ``max_tokens``, the
-        run's length, sizes its exploration budget; with ``n_prompt``, the prompt's tokens, it
-        weighs the draft's prefill of the prompt against what drafting can win in the run. K goes
-        to ``K_MAX`` where drafts cost no pass (lookup, n-gram, a prediction; the hybrid's lookup
-        half), to ``K_MODEL`` for a model draft: the widths measured before the run."""
-        from specmac.core.calibration import adaptive_policy
-
-        self.fit_threads()  # the pass costs are timed (and kept) at the thread count the run will use
-        free = self.drafter.backend is None or isinstance(self.drafter, HybridDrafter)
-        return self._wrap(adaptive_policy(self.target, self.drafter.backend, horizon=max_tokens,
-                                          n_prompt=n_prompt, k_max=K_MAX if free else K_MODEL), max_tokens)
-
-    def _resolve(self, k: int | str | KPolicy, max_tokens: int | None,
-                 n_prompt: int | None = None) -> KPolicy:
-        if isinstance(k, str) and k == "auto":
-            return self.timed_auto_policy(max_tokens, n_prompt)
-        return self.policy(k, max_tokens)
+    def _planner_for(self, k: int | str | Planner, prediction: PredictionDrafter | None) -> Planner:
+        if isinstance(k, Planner):
+            if prediction is None or prediction in k.sources:
+                return k
+            # the prediction is one more source, weighed on the same costs
+            planner = Planner([prediction, *k.sources], k.costs, k.k, k.length, k.decay)
+            planner.kept = k.kept
+            return planner
+        return self.planner(k, [prediction, *self.sources] if prediction is not None else None)
 
     def prediction_drafter(self, prediction: str | Sequence[int]) -> PredictionDrafter:
-        """A drafter for one generation that proposes ``prediction`` (the text expected back: OpenAI's
-        Predicted Outputs) where the output has reached it, and this pair's drafter elsewhere."""
+        """A source for one generation that proposes ``prediction`` (the text expected back: OpenAI's
+        Predicted Outputs) where the output has reached it; the pair's sources stay beside it."""
         if isinstance(prediction, str):
             ids = self.target.encode(prediction)
             if ids and ids[0] == self.target.vocab.bos_id:  # an output never starts with BOS
@@ -163,59 +158,63 @@ class Pair:
             if ids and not 0 <= min(ids) <= max(ids) < self.target.vocab.size:
                 raise BadOption(f"prediction: token ids must be in [0, {self.target.vocab.size})",
                                 param="prediction")
-        return PredictionDrafter(ids, fallback=self.drafter)
+        return PredictionDrafter(ids)
 
     def stream(self, prompt: str | Sequence[int], *, params: SamplingParams | None = None,
-               max_tokens: int = MAX_TOKENS, k: int | str | KPolicy = K_DEFAULT, seed: int = 0,
+               max_tokens: int = MAX_TOKENS, k: int | str | Planner = K_DEFAULT, seed: int = 0,
                rule: AcceptRule | None = None, noise: Callable | None = None,
                prediction: str | Sequence[int] | PredictionDrafter | None = None) -> Iterator[Event]:
-        """k: drafts per step, "auto" (adaptive, from the cost model), or a policy object. Under
-        ``params.sampler == "coupled"`` the text depends on ``seed`` alone, whatever the drafter
+        """k: drafts per step, "auto" (chosen every step by the planner), or a ``Planner``. Under
+        ``params.sampler == "coupled"`` the text depends on ``seed`` alone, whatever the sources
         and K. prediction: text (or ids) expected back, drafted from where the output reaches it;
         pass a ``prediction_drafter`` to read its accepted/rejected counts afterwards. ``rule`` and
         ``noise`` plant wrong variants (tests)."""
         check_max_tokens(max_tokens)
         check_seed(seed)
         self.fit_threads()
-        drafter = self.drafter
-        if prediction is not None:
-            drafter = prediction if isinstance(prediction, PredictionDrafter) else \
-                self.prediction_drafter(prediction)
-        ids = self.encode(prompt)
-        policy = self._resolve(k, max_tokens, len(ids))
-        steps = speculative_steps(self.target, drafter, ids,
-                                  params=params or SamplingParams(), max_tokens=max_tokens,
-                                  rng=np.random.default_rng(seed), k=policy, rule=rule, seed=seed,
-                                  noise=noise)
-        return _settled(steps, drafter) if isinstance(drafter, PredictionDrafter) else steps
-
-    def generate(self, prompt: str | Sequence[int], **kw) -> Generation:
-        prompt = self.encode(prompt)
-        policy = self._resolve(kw.pop("k", K_DEFAULT), kw.get("max_tokens", MAX_TOKENS), len(prompt))
-        inner = getattr(policy, "inner", policy)  # a hybrid's policy wraps the run's own
-        stats = RunStats(k=inner.k if isinstance(inner, FixedK) else getattr(policy, "label", "auto"))
-        prediction = kw.pop("prediction", None)
         if prediction is not None and not isinstance(prediction, PredictionDrafter):
             prediction = self.prediction_drafter(prediction)
+        planner = self._planner_for(k, prediction)
+        steps = speculative_steps(self.target, planner, self.encode(prompt),
+                                  params=params or SamplingParams(), max_tokens=max_tokens,
+                                  rng=np.random.default_rng(seed), rule=rule, seed=seed, noise=noise)
+        return _settled(steps, planner, prediction)
+
+    def generate(self, prompt: str | Sequence[int], **kw) -> Generation:
+        prediction = kw.get("prediction")
+        if prediction is not None and not isinstance(prediction, PredictionDrafter):
+            kw["prediction"] = prediction = self.prediction_drafter(prediction)
+        k = kw.get("k", K_DEFAULT)
+        stats = RunStats(k=("auto" if k.k is None else k.k) if isinstance(k, Planner) else k)
         ids: list[int] = []
-        for event in self.stream(prompt, k=policy, prediction=prediction, **kw):
+        for event in self.stream(prompt, **kw):
             stats.add(event)
             ids += event.tokens
         return Generation(self.target.decode(ids), ids, stats, self.speculative or prediction is not None,
                           prediction.usage() if prediction is not None else None)
 
     def info(self) -> dict:
-        return {"target": self.target.info(), "draft": self.drafter.info(), "threads": self.threads_now()}
+        draft = [s.info() for s in self.sources]
+        return {"target": self.target.info(), "draft": draft[0] if len(draft) == 1 else
+                {"drafter": "+".join(s.name for s in self.sources), "sources": draft} if draft else
+                {"drafter": "none"}, "threads": self.threads_now()}
 
 
-def _settled(steps: Iterator[Event], drafter: PredictionDrafter) -> Iterator[Event]:
-    """The events, each first told to the prediction drafter (its accepted/rejected counts)."""
+def _settled(steps: Iterator[Event], planner: Planner,
+             prediction: PredictionDrafter | None) -> Iterator[Event]:
+    """The events, each first told to the prediction (its accepted/rejected counts); after the run,
+    the kept costs are set against the run's own passes (``specmac.tuning.calibration.settle``)."""
     try:
         for event in steps:
-            drafter.settle(event.n_drafted, event.n_accepted)
+            if prediction is not None:
+                prediction.settle(event.source, event.n_drafted, event.n_accepted)
             yield event
     finally:  # a consumer that stops early closes this generator: close the loop's too (its finally)
         steps.close()
+        if planner.kept is not None:
+            from specmac.tuning.calibration import settle
+
+            planner.settled = settle(planner.costs, planner.kept)
 
 
 def check_k(k: Any) -> int | str:

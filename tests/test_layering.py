@@ -1,9 +1,10 @@
 """The package's layers, read from its own imports with ast (imports inside functions included).
 
-Top to bottom, one sub-package each: CLI (and the server) -> measurement -> API -> core (pure
-numpy) -> backends -> types (errors, vocabularies, the embedded pair's files). A module imports only
-from its own layer or below, no module imports in a circle, only backend modules import an ML
-framework, and modules stay small.
+Top to bottom, one sub-package each: CLI (and the server) -> measurement -> API -> tuning (what a
+run measures of the machine before it starts) -> core (pure numpy) -> backends -> types (errors,
+vocabularies, the embedded pair's files). A module imports only from its own layer or below, no
+module imports in a circle, only backend modules import an ML framework, modules stay small, and
+the core touches no file, no environment and no clock but the loop's step timer.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ LAYERS = {
     "probes": ("measurement", 4), "advise": ("measurement", 4), "compare": ("measurement", 4),
     "lossless": ("measurement", 4),
     "api": ("api", 3),
+    "tuning": ("tuning", 2.5),
     "core": ("core", 2),
     "backends": ("backends", 1),
     "errors": ("types", 0), "vocab": ("types", 0), "files": ("types", 0), "assets": ("types", 0),
@@ -145,3 +147,29 @@ def test_an_import_by_string_is_seen(tmp_path):
 def test_the_top_folder_stays_small():
     top = [p.name for p in PKG.glob("*.py")]
     assert len(top) <= 8, f"specmac/ holds {len(top)} modules ({', '.join(sorted(top))}): put them in layers"
+
+
+# what only the layers above the core may do: files, the environment, /proc, the clock
+IMPURE = {"open(": "opens a file", "os.environ": "reads the environment", "/proc": "reads /proc",
+          "Path(": "builds a file path", "getenv": "reads the environment", "perf_counter": "reads a clock",
+          "time.time": "reads a clock", "monotonic": "reads a clock"}
+
+
+def impure(text: str) -> list[str]:
+    return [why for needle, why in IMPURE.items() if needle in text]
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.startswith("specmac.core")))
+def test_the_core_touches_no_file_environment_or_clock(mod):
+    """The core is the algorithm: pure numpy. Its one clock is the loop's step timer, a parameter
+    (``speculative_steps(clock=time.perf_counter)``), so a replay can run it on recorded costs."""
+    text = MODULES[mod].read_text("utf-8")
+    if mod == "specmac.core.loop":
+        text = text.replace("clock: Callable[[], float] = time.perf_counter", "")
+    assert not impure(text), f"{mod} {', '.join(impure(text))}: that belongs to the tuning layer or above"
+
+
+def test_the_purity_check_has_power():
+    assert impure('import os\nx = os.environ["HOME"]') == ["reads the environment"]
+    assert impure("t = time.perf_counter()") == ["reads a clock"]
+    assert impure('Path("/proc/loadavg").read_text()') == ["reads /proc", "builds a file path"]

@@ -16,11 +16,11 @@ from specmac.advise.variants import Variant
 from specmac.advise.workload import reference
 from specmac.api import Pair
 from specmac.backends import BaseBackend
-from specmac.core.calibration import pass_costs
-from specmac.core.drafters import PlainDecoding, lookup
+from specmac.core.drafters import lookup
 from specmac.core.lookup import LookupDrafter
 from specmac.core.sampling import SamplingParams, warp
-from specmac.core.timing import time_single
+from specmac.tuning.calibration import pass_costs
+from specmac.tuning.timing import time_single
 from specmac.vocab import align_logits
 
 
@@ -88,10 +88,10 @@ def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingP
     """A target's costs (``t_pass``: T(n) already measured, else timed here) and its rows."""
     if t_pass is None:
         t_pass, _ = pass_costs(backend, None, k_max, repeats=3)
-    plain = Pair(backend, PlainDecoding())
+    plain = Pair(backend)
     events = list(plain.stream(texts[0][: starts[0]], params=params, max_tokens=6, seed=0))[1:]
     # the loop's own work per step, timed apart from the pass: a step's time less the probe's
-    # T(1) would also count the pass's drift between the two timings (results/anatomy)
+    # T(1) would also count the pass's drift between the two timings
     t_step = float(np.median([e.t_draft + e.t_other for e in events])) if events else 0.0
     return Probe(v, t_pass, t_step, _rows(backend, texts, starts, params, n_vocab))
 
@@ -112,16 +112,15 @@ def probe_draft(v: Variant, backend: BaseBackend | None, params: SamplingParams,
 
 def lookup_rows(name: str, texts, starts, params: SamplingParams, n_vocab: int, k_max: int) -> list[list]:
     """Per text and reference position, the proposal of a model-free drafter there: "ngram" (the
-    last n-gram's latest earlier match) or "lookup" (``LookupDrafter``, walked along the text, so
-    what it learns of rejected short matches is learnt at every position, not only at the starts
-    of the loop's steps)."""
+    last n-gram's latest earlier match) or "lookup" (``LookupDrafter``, walked along the text), the
+    kinds of match it bets on without a planner's costs (a prior share of 1/2 or more) only."""
     if name == "ngram":
         return [[lookup(ids[:i], k_max) for i in range(start, len(ids))] for ids, start in zip(texts, starts)]
     out = []
     for ids, start in zip(texts, starts):
         drafter = LookupDrafter()
-        out.append([drafter.propose(ids[:i], k_max, params, None, n_vocab)[0]
-                    for i in range(start, len(ids))])
+        proposals = (drafter.propose(ids[:i], k_max) for i in range(start, len(ids)))
+        out.append([d if kind and drafter.priors[kind][0] >= 0.5 else [] for d, kind in proposals])
     return out
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from specmac.advise.measure import Probe, lookup_rows, probe_draft, probe_target, warp_cost_ms
 from specmac.advise.predict import (
     K_TIE,
-    Costs,
+    Pricing,
     acceptance_by_category,
     best,
     category_predictions,
@@ -24,14 +24,12 @@ from specmac.advise.predict import (
 from specmac.advise.variants import Variant
 from specmac.advise.workload import reference
 from specmac.api import Pair
+from specmac.compare.prompts import advise_prompts
 from specmac.core.costs import K_MODEL
-from specmac.core.drafters import MODEL_FREE
-from specmac.core.hybrid import HybridDrafter
-from specmac.core.prompts import advise_prompts
 from specmac.core.sampling import SamplingParams
-from specmac.core.timing import check_context
 from specmac.errors import BadOption
 from specmac.probes import probe_parallelism
+from specmac.tuning.timing import check_context
 
 
 def _variant(role: str, backend, name: str = "ngram") -> Variant:
@@ -61,10 +59,11 @@ def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[s
     t_target_ms, table (per K: k, tokens_per_pass, step_ms, predicted_speedup), reasons (why
     speculation will not pay; empty when it will), the reference text's size and the probe record.
     """
-    draft, hybrid = pair.drafter.backend, isinstance(pair.drafter, HybridDrafter)
-    if not pair.speculative or (draft is None and pair.drafter.name not in MODEL_FREE):
-        raise BadOption(f"draft {pair.drafter.name!r} cannot be advised on: advise needs a draft model, "
-                        "a lookup (ngram, lookup) or a hybrid", param="draft")
+    models = [s.backend for s in pair.sources if s.backend is not None]
+    draft, hybrid = (models[0] if models else None), len(pair.sources) > 1
+    if not pair.speculative or len(models) > 1:
+        raise BadOption("advise needs a draft: a model, a lookup (ngram, lookup) or both (lookup+BACKEND)",
+                        param="draft")
     if prompts is None:
         prompts = advise_prompts()
     elif isinstance(prompts, str):
@@ -82,7 +81,7 @@ def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[s
     n_vocab = target.vocab.size
     tp = probe_target(_variant("target", target), target, k_max, params, texts, starts, n_vocab,
                       t_pass=[ms / 1e3 for ms in probe["batched_ms"]])
-    dv = _variant("draft", draft, pair.drafter.name)
+    dv = _variant("draft", draft, pair.sources[-1].name)
     dp: Probe = probe_draft(dv, draft, params, texts, starts, n_vocab, k_max)
     if hybrid:
         dp.variant = Variant("draft", f"lookup+{draft.name}", dp.variant.model)
@@ -94,14 +93,14 @@ def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[s
     w_row = max(wn - w1, 0.0) / k_max
     step = [x + tp.t_step + w_row * n for n, x in enumerate(tp.t_pass)]
     w_draft = 0.0 if params.greedy or draft is None else w1
-    costs = Costs(step, dp.t_pass[0] + w_draft, dp.t_prefill, run_tokens, dp.t_feed)
+    costs = Pricing(step, dp.t_pass[0] + w_draft, dp.t_prefill, run_tokens, dp.t_feed)
     plain = costs.tps(0.0, 0)
     k, tps = best(costs, chains, k_max, K_TIE)
     started, used = None, dp
     if hybrid:  # the hybrid starts its model only where that pays: else it is its lookup alone
         alone = Probe(Variant("draft", "lookup", None, {}, "lookup", "prompt"), [0.0], rows=dp.lookup)
         a_chains, a_cat = acceptance_by_category(alone, tp, params, k_max, groups)
-        a_costs = Costs(step, 0.0)
+        a_costs = Pricing(step, 0.0)
         a_k, a_tps = best(a_costs, a_chains, k_max, K_TIE)
         started = a_tps <= tps
         if not started:
@@ -135,7 +134,7 @@ def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[s
 
 
 
-def _by_category(costs: Costs, by_cat: dict, dp: Probe, groups: dict[str, list[int]], k: int, k_max: int,
+def _by_category(costs: Pricing, by_cat: dict, dp: Probe, groups: dict[str, list[int]], k: int, k_max: int,
                  plain: float) -> dict[str, dict]:
     """Per category at the best K overall (and the category's own best K): tokens/s, speedup over
     plain decoding, acceptance and tokens per target pass."""

@@ -1,5 +1,5 @@
 """advise's predictions: acceptance walked along the reference text as the loop walks it
-(``Chains``), the costs of a configuration (``Costs``), its best K, the reason it does not pay,
+(``Chains``), the costs of a configuration (``Pricing``), its best K, the reason it does not pay,
 and the ranking of configurations within precision groups.
 
 Predictions walk the reference text as the loop does rather than use one acceptance rate: each
@@ -70,17 +70,17 @@ def coupled_rate(p: np.ndarray, q: np.ndarray, top: int = 64) -> float:
 
 @dataclass
 class Chains:
-    """What the loop's steps make as it walks each reference text, per K = 1..k_max: tokens kept
+    """What the loop's steps make as it walks each reference text, per K = 1..k_max: tokens accepted
     per step (accepted drafts + the target's own), draft passes per step (a model draft: K, plus
-    the catch-up pass after a step that kept all K) and the share of steps whose target pass is n
+    the catch-up pass after a step that accepted all K) and the share of steps whose target pass is n
     tokens wide (``width[k - 1][n - 1]``; a model draft: K + 1).
 
     The walk is the loop's: the first step starts at the text's first position, each next one
-    where the last one's kept tokens end, and no step drafts past the text's last token (the loop
+    where the last one's accepted tokens end, and no step drafts past the text's last token (the loop
     caps K at the tokens left to write), so the prediction is for a run as long as the reference
     text. A step that starts after a hard token is weighed as often as the loop makes one there:
     averaging over every start position instead overpredicts wide K, since easy runs are crossed in
-    one step but counted at each of their positions. Sampled, a step's kept count is random: the
+    one step but counted at each of their positions. Sampled, a step's accepted count is random: the
     walk carries the chance of starting at each position (a reference text stands in for the text
     after a correction)."""
 
@@ -98,15 +98,15 @@ class Chains:
         text's end; an n-gram lookup: one per token it found). ``model``: whether the steps are a
         draft model's, for all, or per text and position (a hybrid)."""
         flags = [[model] * len(t) for t in chances] if isinstance(model, bool) else model
-        kept_texts = [(t, f) for t, f in zip(chances, flags) if t]
-        if not kept_texts:
+        measured_texts = [(t, f) for t, f in zip(chances, flags) if t]
+        if not measured_texts:
             raise SpecmacError("no reference position to measure acceptance on: give longer prompts")
-        alpha = float(np.mean([c[0] if c else 0.0 for t, _ in kept_texts for c in t]))
+        alpha = float(np.mean([c[0] if c else 0.0 for t, _ in measured_texts for c in t]))
         tokens, passes, width, catch_up = [], [], [], []
         for k in range(1, k_max + 1):
-            steps = kept = drafted = full = fed = 0.0
+            steps = accepted = drafted = full = fed = 0.0
             w = np.zeros(k_max + 1)
-            for text, by_model in kept_texts:
+            for text, by_model in measured_texts:
                 n = len(text)
                 mass = np.zeros(n + 1)  # the chance that a step starts at each position
                 mass[0] = 1.0
@@ -115,20 +115,20 @@ class Chains:
                     if m == 0.0:
                         continue
                     c = np.asarray(text[i][: min(k, n - i - 1)], float)  # drafts: none past the end
-                    run = np.cumprod(c)  # P(the first j drafts all kept), j = 1..d
+                    run = np.cumprod(c)  # P(the first j drafts all accepted), j = 1..d
                     step_model = by_model[i]
                     d = min(k, n - i - 1) if step_model else len(c)
                     steps += m
-                    kept += m * (1.0 + run.sum())
+                    accepted += m * (1.0 + run.sum())
                     if step_model:
                         drafted += m * d
                         full += m * run[-1] if d == k else 0.0
                     elif not isinstance(model, bool):  # a hybrid's lookup step: its model catches up later
                         fed += m * (1.0 + run.sum())
                     w[d] += m
-                    stop = np.concatenate([[1.0], run]) * np.concatenate([1.0 - c, [1.0]])  # P(j kept)
+                    stop = np.concatenate([[1.0], run]) * np.concatenate([1.0 - c, [1.0]])  # P(j accepted)
                     mass[i + 1: i + 2 + len(c)] += m * stop
-            tokens.append(kept / steps)
+            tokens.append(accepted / steps)
             passes.append((drafted + full) / steps)
             width.append(list(w / steps))
             catch_up.append(fed / steps if drafted else 0.0)
@@ -151,7 +151,7 @@ def acceptance_by_category(draft: Probe, target: Probe, params: SamplingParams, 
 
 
 @dataclass
-class Costs:
+class Pricing:
     """Seconds: a target's step over n tokens (pass + the loop), a draft's pass (+ its sampling),
     and the draft's prefill of the prompt, paid once per run of ``run_tokens`` tokens (0: not
     counted, steady state). The target's prefill is not counted: plain decoding pays it too."""
@@ -191,10 +191,10 @@ class Costs:
 K_TIE = 0.02
 
 
-def best(costs: Costs, alpha: float | Chains, k_max: int, tie: float = 0.0) -> tuple[int, float]:
+def best(costs: Pricing, alpha: float | Chains, k_max: int, tie: float = 0.0) -> tuple[int, float]:
     """(K, predicted tokens/s): the best K, or with ``tie`` the smallest K predicted within that
-    share of the best. Near the top S(K) is flat, the prediction is not finer than a few percent
-    (results/anatomy), and where acceptance falls short of the prediction, as on texts other than
+    share of the best. Near the top S(K) is flat, the prediction is not finer than a few percent,
+    and where acceptance falls short of the prediction, as on texts other than
     advise's, a narrower K loses less."""
     table = [(k, costs.tps(alpha, k)) for k in range(1, k_max + 1)]
     top = max(t for _, t in table)
@@ -206,7 +206,7 @@ def best(costs: Costs, alpha: float | Chains, k_max: int, tie: float = 0.0) -> t
 ALPHA_COPY = 0.99
 
 
-def alpha_needed(costs: Costs, k_max: int) -> float | None:
+def alpha_needed(costs: Pricing, k_max: int) -> float | None:
     """The smallest acceptance at which some K beats plain decoding (None: not even at 1)."""
     plain = costs.tps(0.0, 0)
     if best(costs, 1.0, k_max)[1] <= plain:
@@ -218,7 +218,7 @@ def alpha_needed(costs: Costs, k_max: int) -> float | None:
     return hi
 
 
-def why_list(costs: Costs, chains: Chains, beta: float, k_max: int, k: int) -> list[str]:
+def why_list(costs: Pricing, chains: Chains, beta: float, k_max: int, k: int) -> list[str]:
     """Why this draft does not pay on this target, in the paper's terms: c, beta, alpha; or, where
     it pays in steady state, the draft's prefill of the prompt against a run this short."""
     plain = costs.tps(0.0, 0)
@@ -229,7 +229,7 @@ def why_list(costs: Costs, chains: Chains, beta: float, k_max: int, k: int) -> l
         return [f"the draft's prefill of the prompt ({shown} ms) outweighs what {costs.run_tokens} "
                 f"tokens gain: pays from about {n:.0f} tokens"]
     alpha = chains.alpha
-    need = alpha_needed(Costs(costs.step, costs.t_draft), k_max)
+    need = alpha_needed(Pricing(costs.step, costs.t_draft), k_max)
     if need is not None and need > ALPHA_COPY:
         need = None  # only a copy pays: the costs are to blame, not this draft's acceptance
     if need is not None and need <= alpha:  # the walk's runs of accepted drafts are what falls short
@@ -242,7 +242,7 @@ def why_list(costs: Costs, chains: Chains, beta: float, k_max: int, k: int) -> l
     return reasons or [f"draft too slow: c = {costs.t_draft / costs.step[0]:.2f}"]
 
 
-def why(costs: Costs, chains: Chains, beta: float, k_max: int, k: int) -> str:
+def why(costs: Pricing, chains: Chains, beta: float, k_max: int, k: int) -> str:
     """``why_list`` as one line."""
     return "; ".join(why_list(costs, chains, beta, k_max, k))
 
@@ -261,7 +261,7 @@ def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, i
         step = [x + t.t_step + w_row * n for n, x in enumerate(t.t_pass)]
         n = np.arange(1, len(t.t_pass) + 1)
         _, beta = fit_beta(n, t.t_pass)
-        base = Costs(step, 0.0)
+        base = Pricing(step, 0.0)
         entries.append(_entry(None, t, 0, base.tps(0.0, 0), None, beta, None))
         if by_category is not None:
             entries[-1]["by_category"] = {c: {"k": 0, "predicted_tokens_per_second": base.tps(0.0, 0),
@@ -271,10 +271,10 @@ def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, i
         for di, d in enumerate(drafts):
             if (di, ti) not in alphas:
                 continue
-            costs = Costs(step, d.t_pass[0] + (w_draft if not d.variant.model_free else 0.0),
+            costs = Pricing(step, d.t_pass[0] + (w_draft if not d.variant.model_free else 0.0),
                           d.t_prefill, run_tokens, d.t_feed)
             # a hybrid starts its model only where that pays: else it is its lookup alone
-            options = [(costs, di)] + [(Costs(step, 0.0), li) for li, a in enumerate(drafts)
+            options = [(costs, di)] + [(Pricing(step, 0.0), li) for li, a in enumerate(drafts)
                                        if a is d.alone and (li, ti) in alphas]
             (costs, ci), k, tps = max(((o, *best(o[0], alphas[o[1], ti], k_max, K_TIE)) for o in options),
                                       key=lambda x: x[2])
@@ -324,14 +324,14 @@ def ranking(targets: list[Probe], drafts: list[Probe], alphas: dict[tuple[int, i
     return out
 
 
-def category_predictions(costs: Costs, chains: dict[str, Chains], d: Probe, groups: dict[str, list[int]],
+def category_predictions(costs: Pricing, chains: dict[str, Chains], d: Probe, groups: dict[str, list[int]],
                          k: int, k_max: int) -> dict[str, dict]:
     """Per category, the prediction at K = k with that category's chains and its draft's prefill
     of its prompts (the mean of theirs), and the category's own best K."""
     out = {}
     for c, ix in groups.items():
         prefill = float(np.mean([d.prefills[i] for i in ix])) if d.prefills else costs.t_prefill
-        mine = Costs(costs.step, costs.t_draft, prefill, costs.run_tokens, costs.t_feed)
+        mine = Pricing(costs.step, costs.t_draft, prefill, costs.run_tokens, costs.t_feed)
         ch = chains[c]
         best_k, _ = best(mine, ch, k_max, K_TIE)
         out[c] = {"k": k, "predicted_tokens_per_second": mine.tps(ch, k), "alpha": ch.alpha,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specmac.backends import backend_class
-from specmac.core.drafters import HYBRID, MODEL_FREE
+from specmac.core.sources import FREE as MODEL_FREE
 from specmac.errors import BadOption, SpecmacError
 from specmac.files import read_capped, write_json
 
@@ -55,7 +55,7 @@ def _kind(draft: str) -> str:
     """none, lookup (ngram, lookup: no model), hybrid (lookup+BACKEND) or model."""
     if draft in ("none", *MODEL_FREE):
         return "none" if draft == "none" else "lookup"
-    return "hybrid" if HYBRID in draft else "model"
+    return "hybrid" if "+" in draft else "model"
 
 
 def build_profile(record: dict) -> dict:

@@ -11,7 +11,7 @@ What is measured once and shared by every configuration that can share it:
   n = 1..k_max + 1 (``calibration.pass_costs``), the loop's own cost per step (a short plain run)
   and its logits on a reference text;
 * per draft variant: its one-token pass T_d(1), its prefill of the prompts (a run pays it once,
-  before its first draft, and a slow one outweighs what a short run gains; results/anatomy) and
+  before its first draft, and a slow one outweighs what a short run gains) and
   its logits on the same text;
 * acceptance per (draft variant, target variant) from those logits alone (teacher forcing on the
   reference text, which the first target variant wrote itself): greedy, whether the draft's argmax

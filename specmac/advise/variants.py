@@ -13,7 +13,7 @@ from pathlib import Path
 
 from specmac.backends import backend_class, missing_requirements, registry
 from specmac.backends.conversion.cache import derived_from
-from specmac.core.drafters import HYBRID, MODEL_FREE
+from specmac.core.sources import FREE as MODEL_FREE
 from specmac.errors import BadOption
 
 
@@ -34,7 +34,7 @@ class Variant:
 
     @property
     def hybrid(self) -> bool:
-        return HYBRID in self.backend
+        return "+" in self.backend
 
     @property
     def label(self) -> str:

@@ -2,7 +2,7 @@
 target's chat template when asked, and the predictions broken down by category.
 
 A prompt is a string or a workload prompt (``{"id", "category", "text", "messages"}``, see
-``specmac.core.workloads``). ``chat`` is True (the target's chat template, refused where it has
+``specmac.compare.workloads``). ``chat`` is True (the target's chat template, refused where it has
 none), False (the text as it is) or None (the template where the target has one, else the text).
 A prompt longer than the target's context window leaves for the run keeps its last tokens (the
 text the target continues), and the reference says how many were cut.
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from specmac.api import Pair
 from specmac.backends import BaseBackend
-from specmac.core.drafters import PlainDecoding
 from specmac.core.sampling import SamplingParams
 from specmac.errors import SpecmacError
 
@@ -81,7 +80,7 @@ def reference(target: BaseBackend, prompts: Sequence[str | dict], params: Sampli
     if room < 1:
         raise SpecmacError(f"run_tokens {run_tokens} leaves no room for a prompt in the target's "
                            f"{target.n_ctx}-token context window: use fewer", param="run_tokens")
-    plain = Pair(target, PlainDecoding())
+    plain = Pair(target)
     ref = Reference([], [], [], [], use_chat)
     for i, p in enumerate(items):
         text = target.apply_chat_template(p.get("messages") or p["text"]) if use_chat else p["text"]

@@ -272,7 +272,8 @@ def chat_messages(prompt: str | Sequence[dict]) -> list[dict]:
 def library_version(dist: str) -> str | None:
     """The installed version of a distribution (None: not installed), read once per process: what a
     process has imported does not change with what is installed after, and reading the metadata
-    costs 1-3 ms, which every ``--k auto`` run paid several times for its kept costs' identities."""
+    costs milliseconds, which every ``--k auto`` run would pay several times for its kept costs'
+    identities."""
     try:
         return importlib.metadata.version(dist) if dist else None
     except importlib.metadata.PackageNotFoundError:

@@ -178,7 +178,8 @@ class GGUFBackend(BaseBackend):
             llama_cpp.llama_model_free(model_p)
 
     def _set_threads(self, n: int) -> None:
-        llama_cpp.llama_set_n_threads(self._ctx, n, n)
+        with captured_log():  # llama.cpp says each new count on stderr: no library line reaches the user
+            llama_cpp.llama_set_n_threads(self._ctx, n, n)
         self.resolved["n_threads"] = self.resolved["n_threads_batch"] = n
 
     def close(self) -> None:

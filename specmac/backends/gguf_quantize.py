@@ -1,7 +1,7 @@
 """A GGUF requantised in a child process: ``python -m specmac.backends.gguf_quantize SRC DST QUANT N``.
 
-llama_model_quantize cannot be stopped once started (it takes no abort callback) and runs for a
-minute on a 1.5B model; in a child, Ctrl-C or SIGTERM ends it at once: the parent kills the child
+llama_model_quantize cannot be stopped once started (it takes no abort callback) and runs for
+long on a large model; in a child, Ctrl-C or SIGTERM ends it at once: the parent kills the child
 and removes its half-written output (``requantize`` in specmac.backends.gguf). The child prints
 llama.cpp's first error on stderr and exits 1 when the quantisation fails.
 """

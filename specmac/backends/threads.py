@@ -1,8 +1,8 @@
 """How many CPUs other work holds right now, and the thread count that leaves them to it.
 
 llama.cpp's and torch's CPU threads spin at their barriers inside a pass: when another busy process
-preempts one of them, its siblings spin until it runs again, and a pass takes several times as long
-(results/busy). A thread count no larger than the CPUs that are free avoids that, and costs nothing
+preempts one of them, its siblings spin until it runs again, and a pass takes several times as long.
+A thread count no larger than the CPUs that are free avoids that, and costs nothing
 on a quiet machine, where it is the default. So a backend whose thread count the user did not set
 fits it before each run (``fit``), from a sample of the runnable tasks taken then (``others_running``),
 and keeps it fitted during the run (``Fitter``): a pass whose threads got much less CPU time than

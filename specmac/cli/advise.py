@@ -209,8 +209,8 @@ def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plo
                                             chat=kw["chat"]))
     record["prompts"] = kw["prompts_info"]
     models = model_files(pair.target, kw["target_model"], "target")
-    if pair.drafter.backend is not None:
-        models += model_files(pair.drafter.backend, kw["draft_model"], "draft")
+    for backend in pair.drafts.values():
+        models += model_files(backend, kw["draft_model"], "draft")
     record["provenance"] = provenance(" ".join(sys.argv), models)
     label = f"{kw['draft']} -> {kw['target']}"
     draw = plot and (lambda: plot_speedup([{"label": label, "table": record["table"]}], plot))

@@ -15,7 +15,7 @@ def advise_prompts(prompts: tuple[str, ...], prompts_path: str | None, turns: st
     """(prompts, chat, what they are): --prompt texts, a --prompts file (compare's formats) or, with
     neither, the packaged workload with the chat template where the target has one (--no-chat:
     plain text; --chat: the template, refused where a target has none)."""
-    from specmac.core.prompts import PACKAGED_WORKLOAD, read_prompts
+    from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
 
     if prompts and prompts_path:
         raise UserError("give --prompt TEXT or --prompts FILE, not both")

@@ -278,14 +278,15 @@ def check_backend_options(name: str, raw: dict[str, str], flag: str) -> None:
 def load_pair(kw: dict):
     """Check names and options (cheap, before any weights load), then load the Pair."""
     from specmac.api import Pair
-    from specmac.core.drafters import split_hybrid
+    from specmac.core.sources import split_draft
 
     check_backend_name(kw["target"], "--target")
     try:
-        hybrid = split_hybrid(kw["draft"])
+        parts = split_draft(kw["draft"])
     except SpecmacError as e:
         raise UserError("--" + one_line(str(e))) from None
-    draft_backend = hybrid[1] if hybrid else kw["draft"]
+    hybrid = len(parts) == 2
+    draft_backend = parts[-1] if parts else kw["draft"]
     check_backend_name(draft_backend, "--draft", () if hybrid else DRAFTERS_WITHOUT_MODEL)
     target_opts = parse_kv(kw["target_opt"], "--target-opt")
     draft_opts = parse_kv(kw["draft_opt"], "--draft-opt")
@@ -306,7 +307,7 @@ def sampling_params(kw: dict):
 def parse_k(value: str) -> int | str:
     """An integer 1..256, or "auto"."""
     from specmac.api import check_k
-    from specmac.core.policy import K_LIMIT
+    from specmac.core.costs import K_LIMIT
 
     if value == "auto":
         return value

@@ -96,9 +96,8 @@ def _default_out() -> str:
 def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt, config_path,
             prompts_path, turns, chat, n_prompts, max_tokens, repeats, warmup_tokens, out_dir, as_json, **kw):
     from specmac.compare import measure as cmp
-    from specmac.compare import report
+    from specmac.compare import prompts, report
     from specmac.compare.results import check_output
-    from specmac.core import prompts
 
     if max_tokens < 1 or repeats < 1 or warmup_tokens < 1:
         raise UserError("--max-tokens, --repeats and --warmup-tokens must be integers >= 1")

@@ -40,23 +40,23 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
                      f"tokens per target pass {'-' if tpp is None else f'{tpp:.2f}'}  (k={r['k']})")
         per = " ".join("-" if a is None else f"{a:.2f}" for a in r["per_position_acceptance"])
         lines.append(f"per-position acceptance: {per or '-'}")
-        history = r.get("k_policy", {}).get("k_history")
+        policy = r.get("k_policy", {})
+        history = r.get("k_steps") if policy else None
         if history:
             counts = sorted(Counter(history).items())
             lines.append("K per step: " + ", ".join(f"{_n(n, 'step')} at {k}" for k, n in counts)
-                         + ("  (0 = no drafts: no K was predicted to beat the target alone, or the "
-                            "last token of --max-tokens)" if counts[0][0] == 0 else ""))
-        policy = r.get("k_policy", {})
-        if policy.get("calibrated"):
-            how = policy.get("calibration_note") or ("kept from an earlier run" if policy.get(
-                "calibration_cached") else "measured before the first token")
-            lines.append(f"pass costs for K: {how} ({policy['calibration_s']:.2f} s, not counted)")
-        if policy.get("k_choice"):
-            lines.append(f"K choice: {policy['k_choice']}")
-        ext = policy.get("hybrid", {}).get("extended") or {}
-        if ext.get("steps"):
-            lines.append(f"the lookup extended the model's drafts in {_n(ext['steps'], 'step')}: "
-                         f"{_n(ext['proposed'], 'token')} proposed, {ext['kept']} kept")
+                         + ("  (0 = no drafts: none was predicted to beat a plain step, or the last "
+                            "token of --max-tokens)" if counts[0][0] == 0 else ""))
+        sources = r.get("steps_by_source") or {}
+        if policy and len(sources) > 1:
+            lines.append("steps by source: " + ", ".join(f"{s} {n}" for s, n in sorted(sources.items())))
+        costs = policy.get("costs", {})
+        if costs.get("note"):
+            lines.append(f"pass costs: {costs['note']}")
+        if policy.get("settled"):
+            lines.append(f"after the run: {policy['settled']}")
+        if policy.get("note"):
+            lines.append(f"K choice: {policy['note']}")
     if r.get("threads"):
         lines.append("CPU threads: " + ", ".join(f"{role} {why}" for role, why in r["threads"].items()))
     ts, total = r["time_split"], r["seconds"]
@@ -193,7 +193,7 @@ def list_backends(as_json: bool) -> None:
 def under_load(measure) -> dict:
     """measure() -> its record, with the machine's load before and after it ("machine_load"): a
     busy machine's timings are slower and noisier, and the record should say so."""
-    from specmac.core.machine import machine_load
+    from specmac.tuning.machine import machine_load
 
     before = machine_load()
     record = measure()
@@ -203,7 +203,7 @@ def under_load(measure) -> dict:
 
 def busy_line(record: dict) -> str | None:
     """The warning for a record measured on a busy machine (the busier of before and after), or None."""
-    from specmac.core.machine import MachineLoad
+    from specmac.tuning.machine import MachineLoad
 
     loads = [MachineLoad(**m) for m in (record.get("machine_load") or {}).values()]
     busy = [m for m in loads if m.busy]

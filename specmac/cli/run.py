@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -19,7 +18,7 @@ from specmac.cli.app import (
     use_color,
 )
 from specmac.cli.profile import given, profile_choice, profile_options
-from specmac.core.policy import K_DEFAULT
+from specmac.core.planner import K_DEFAULT
 
 # --- run ----------------------------------------------------------------------------------
 
@@ -33,8 +32,7 @@ from specmac.core.policy import K_DEFAULT
                    "With --sampler rejection 'auto' is not reproducible (K depends on wall-clock "
                    "timings, so the same --seed can give other text); with --sampler coupled it is.")
 @click.option("--remeasure", is_flag=True,
-              help="With --k auto: measure the pass costs again instead of using the kept ones "
-                   "(as SPECMAC_REMEASURE=1 does).")
+              help="With --k auto: measure the pass costs again instead of using the kept ones.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, metavar="N",
               help="Stop after N generated tokens (or at EOS, or at the context window).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False),
@@ -74,16 +72,13 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
                         "--draft BACKEND (or --draft ngram, or --prediction FILE), or drop --k")
     if remeasure and k != "auto":
         raise UserError("--remeasure re-measures the pass costs that --k auto uses: add --k auto or drop it")
-    if remeasure:
-        os.environ["SPECMAC_REMEASURE"] = "1"  # read where the kept costs are (specmac.core.calibration)
     pair = choice.pair() if choice else load_pair(kw)
     if choice and not as_json:
         click.echo(choice.line, err=True)
     if chat:
         prompt = pair.target.apply_chat_template(prompt)
-    # "auto" times the pair's passes here, before the first token
-    policy = (pair.timed_auto_policy(max_tokens, len(pair.encode(prompt))) if k == "auto"
-              else pair.policy(k, max_tokens))
+    # "auto" times the pair's passes here, before the first token (a long measurement says so first)
+    policy = pair.planner(k, remeasure=remeasure, notify=None if as_json else _say)
     code = runner.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],
                       baseline=baseline, as_json=as_json, color=use_color(color, as_json),
                       meta={"command": " ".join(["specmac", *sys.argv[1:]]),
@@ -91,6 +86,11 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
                                if choice else {})},
                       prediction=prediction)
     sys.exit(code)
+
+
+def _say(message: str) -> None:
+    """A line on stderr before something long (a measurement), so the wait says what it is."""
+    click.echo(f"specmac: {message}", err=True)
 
 
 # --- verify -------------------------------------------------------------------------------
@@ -170,8 +170,8 @@ def _verify_estimate(pair, tokens: int, length: int, n_contexts: int) -> bool:
     """Refuse a --length past the context window, and a run estimated (from one target pass timed
     now) to take more than MAX_VERIFY_HOURS; say the estimate of a run over a minute. -> whether
     it is that long (then progress is printed off a terminal too)."""
-    from specmac.core.calibration import fresh_t1
     from specmac.lossless.harness import DEFAULT_CONTEXTS
+    from specmac.tuning.calibration import fresh_t1
 
     room = pair.target.n_ctx - max(len(pair.encode(c)) for c in DEFAULT_CONTEXTS)
     if length > room:
@@ -209,7 +209,7 @@ def _verify_exact(k, length, sequences, tolerance, tokens, as_json, kw) -> None:
                         "compares greedy outputs without --exact)")
     params = sampling_params(kw)
     pair = load_pair(kw)
-    policy = pair.timed_auto_policy(length or exact.DEFAULT_LENGTH) if k == "auto" else pair.policy(k)
+    policy = pair.planner(k, notify=None if as_json else _say)
     res = exact.exact_check(pair, params=params, n_sequences=sequences or exact.DEFAULT_SEQUENCES,
                             length=length or exact.DEFAULT_LENGTH, k=policy, seed=kw["seed"],
                             tolerance=exact.TOLERANCE if tolerance is None else tolerance)

@@ -15,9 +15,8 @@ import click
 
 from specmac.api import Pair
 from specmac.cli.render import EXIT_INTERRUPTED, STYLE, legend, stats_block, verdict, verify_table
-from specmac.core.hybrid_policy import HybridPolicy
 from specmac.core.loop import Event
-from specmac.core.policy import AdaptiveK, FixedK, KPolicy
+from specmac.core.planner import Planner
 from specmac.core.runstats import RunStats
 from specmac.core.sampling import SamplingParams
 
@@ -97,11 +96,10 @@ def generate_events(pair: Pair, ids: list[int], on_event: Callable[[Event], None
     return events, False
 
 
-def summarize(events: list[Event], k: KPolicy | None, speculative: bool,
+def summarize(events: list[Event], k: Planner | None, speculative: bool,
               interrupted: bool) -> tuple[RunStats, dict]:
-    inner = getattr(k, "inner", k)  # a hybrid's policy wraps the run's own
-    fixed = inner.k if isinstance(inner, FixedK) else None
-    stats = RunStats(k=fixed if fixed is not None or k is None else getattr(k, "label", "auto"))
+    fixed = k.k if k is not None else None
+    stats = RunStats(k=fixed if fixed is not None or k is None else "auto")
     for e in events:
         stats.add(e)
     if interrupted:
@@ -114,7 +112,7 @@ def summarize(events: list[Event], k: KPolicy | None, speculative: bool,
     return stats, d
 
 
-def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_tokens: int, seed: int,
+def run(pair: Pair, prompt: str, *, params: SamplingParams, k: Planner, max_tokens: int, seed: int,
         baseline: bool, as_json: bool, color: bool, meta: dict, prediction: str | None = None) -> int:
     """Stream one generation (and optionally the baseline); return the exit status."""
     ids = pair.encode(prompt)
@@ -140,7 +138,7 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k: KPolicy, max_toke
               "seed": seed, **pair.info(), **meta}
     if predicted is not None:
         result["prediction"] = {**predicted.usage(), "prediction_tokens": len(predicted.pred)}
-    if isinstance(k, (AdaptiveK, HybridPolicy)):  # what it learned and the K it chose
+    if k.k is None or len(k.sources) > 1:  # what the planner learned and why it chose as it did
         result["k_policy"] = k.info()
     if baseline and not interrupted:
         base_events, interrupted = generate_events(pair.plain(), ids, params=params,

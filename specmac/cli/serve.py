@@ -59,11 +59,11 @@ def serve(k_text, host, port, queue_size, api_key, model_name, log_level, profil
                         "choose another port, or --port 0 for a free one") from None
     pair, k = (choice.pair(), choice.k) if choice else (load_pair(kw), k)
     # "auto" measures the pass costs now (kept on disk), not in the first request
-    policy = pair.timed_auto_policy() if k == "auto" else pair.policy(k)
+    planner = pair.planner(k, notify=lambda m: click.echo(f"specmac serve: {m}", err=True))
     name = model_name or server.model_name(pair)
     config = {"k": k, **pair.info()}
     if k == "auto":
-        config["k_policy"] = {"calibrated": getattr(policy, "prior", None) is not None}
+        config["k_policy"] = {"calibrated": planner.costs.measured > 0}
     actual = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"specmac serve: http://{shown}:{actual}/v1  model {name!r}", err=True)
@@ -77,7 +77,7 @@ def serve(k_text, host, port, queue_size, api_key, model_name, log_level, profil
     if os.environ.get("SPECMAC_DEBUG") == "1":
         click.echo(json.dumps(config, default=str), err=True)
     sys.exit(server.serve(pair, sock, k=k, queue_size=queue_size, api_key=api_key, model_id=name,
-                          config=_public(config), log_level=log_level))
+                          config=_public(config), log_level=log_level, planner=planner))
 
 
 def _label(info: dict) -> str:

@@ -7,7 +7,7 @@ decoding of the same prompts and rounds, acceptance and tokens per target pass. 
 from the runs' ``sources`` counts.
 
 On a shared machine the speed of identical work drifts by more than the margins a benchmark asks
-about (runs that drafted nothing read 0.76-1.25x plain in one record), so each row also carries the
+about (runs that drafted nothing differ from plain decoding by tens of percent), so each row also carries the
 *normalised* speedup where the runs allow it: each run's tokens per second in units of its own
 plain steps (the steps that drafted nothing), which takes the machine's speed at the time of the
 run out of the comparison (``normalised_speedup``).
@@ -32,7 +32,7 @@ def normalised_speedup(run: dict, base: dict | None = None) -> float | None:
     pass found EOS; 1 without one). Plain decoding's own is 1. None where the run made fewer than
     ``MIN_PLAIN_STEPS`` such steps (a model draft that drafts every step has no clock of its own:
     the paired speedup is all there is) or a record predates them. What it cannot see: a drafter's
-    own work on the steps it drafts nothing (its lookup, its choice: 0.03-0.14 ms a step here),
+    own work on the steps it drafts nothing (its lookup, the planner's choice),
     which slows those steps too (``plain_step_ratio``)."""
     n = run.get("n_plain_steps", 0)
     if not run.get("plain_step_s") or n < MIN_PLAIN_STEPS or not run.get("seconds"):

@@ -27,6 +27,7 @@ from specmac.advise.pairing import advise_pair
 from specmac.api import Pair
 from specmac.backends import BaseBackend, load_backend
 from specmac.compare.categories import by_category, normalised_speedup
+from specmac.compare.prompts import N_ADVISE as ADVISE_PROMPTS
 from specmac.compare.results import provenance
 from specmac.compare.settings import (  # noqa: F401  (compare's settings, re-exported)
     AUTO,
@@ -45,9 +46,10 @@ from specmac.compare.settings import (  # noqa: F401  (compare's settings, re-ex
     parse_pairs,
     read_config,
 )
-from specmac.core.drafters import MODEL_FREE, Drafter, ModelDrafter, PlainDecoding, load_drafter
-from specmac.core.prompts import N_ADVISE as ADVISE_PROMPTS
+from specmac.core.drafters import Drafter, ModelDrafter
 from specmac.core.runstats import RunStats
+from specmac.core.sources import FREE as MODEL_FREE
+from specmac.core.sources import load_sources
 from specmac.errors import BadOption, SpecmacError, VocabMismatch
 from specmac.vocab import check_compatible
 
@@ -55,16 +57,18 @@ from specmac.vocab import check_compatible
 @dataclass
 class Loaded:
     targets: dict[str, BaseBackend]
-    drafters: dict[str, Drafter]
+    drafters: dict[str, list[Drafter]]  # draft name -> its sources
     skipped: list[dict] = field(default_factory=list)  # pairings dropped: {"pair", "reason"}
 
     def pair(self, c: Config) -> Pair:
-        return Pair(self.targets[c.target], PlainDecoding() if c.plain else self.drafters[c.draft])
+        return Pair(self.targets[c.target], [] if c.plain else self.drafters[c.draft])
 
     def backends(self) -> dict[str, dict]:
         """"target:gguf" / "draft:mlx" -> backend info (model, library, resolved options)."""
         out = {f"target:{n}": b.info() for n, b in self.targets.items()}
-        out.update({f"draft:{n}": d.info() for n, d in self.drafters.items()})
+        for n, d in self.drafters.items():
+            many = {"drafter": n, "sources": [x.info() for x in d]}
+            out[f"draft:{n}"] = d[0].info() if len(d) == 1 else many
         return out
 
 
@@ -79,15 +83,15 @@ def load_models(settings: Settings) -> Loaded:
                         param="pairs")
     targets = {t: load_backend(t, *model_and_options(be, t, "target"), role="target")
                for t in dict.fromkeys(p.target for p in settings.pairs)}
-    drafters: dict[str, Drafter] = {}
+    drafters: dict[str, list[Drafter]] = {}
     skipped: list[dict] = []
     for p in list(settings.pairs):
         try:
             if p.draft not in drafters:  # loaded once, its vocabulary checked against its first target
                 drafters[p.draft] = _load_drafter(settings, p, targets)
-            backend = drafters[p.draft].backend
-            if backend is not None:
-                check_compatible(backend.vocab, targets[p.target].vocab)
+            for source in drafters[p.draft]:
+                if source.backend is not None:
+                    check_compatible(source.backend.vocab, targets[p.target].vocab)
         except VocabMismatch as e:
             if not settings.skip_unpairable:
                 raise
@@ -101,15 +105,15 @@ def load_models(settings: Settings) -> Loaded:
                   {d: x for d, x in drafters.items() if d in used}, skipped)
 
 
-def _load_drafter(settings: Settings, p: PairSpec, targets: dict[str, BaseBackend]) -> Drafter:
+def _load_drafter(settings: Settings, p: PairSpec, targets: dict[str, BaseBackend]) -> list[Drafter]:
     be = settings.backends
     if p.draft in MODEL_FREE and p.draft in be:
         raise BadOption(f"the {p.draft} drafter takes no model or options: drop them", param="pairs")
     model, options = model_and_options(be, p.draft_backend, "draft")
     if settings.skip_unpairable and p.draft not in MODEL_FREE and p.draft_backend == p.draft:
         # checked per pairing by the caller
-        return ModelDrafter(load_backend(p.draft, model, options or None, role="draft"))
-    return load_drafter(p.draft, model, options or None, target_vocab=targets[p.target].vocab)
+        return [ModelDrafter(load_backend(p.draft, model, options or None, role="draft"))]
+    return load_sources(p.draft, model, options or None, target_vocab=targets[p.target].vocab)
 
 
 # --- measuring ----------------------------------------------------------------------------------
@@ -138,11 +142,9 @@ def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] 
                     g = pairs[c.id].generate(ids[c.target][i], params=settings.params, k=c.k_arg,
                                              max_tokens=prompt.get("max_tokens", settings.max_tokens),
                                              seed=seed)
-                    extended = getattr(pairs[c.id].drafter, "extended", None)  # a hybrid's, this run's
                     rnd.append(run_record(c, prompt["id"], r, seed, g.stats, g.token_ids)
                                | {"category": prompt.get("category", ""),
-                                  "threads": pairs[c.id].threads_now()}
-                               | ({"extended": dict(extended)} if extended is not None else {}))
+                                  "threads": pairs[c.id].threads_now()})
                     tick(f"{c.id} {prompt['id']} r{r + 1}")
                 runs += rnd
                 if on_round is not None:
@@ -154,9 +156,8 @@ def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] 
 
 def rotated(configs: list[Config], n: int) -> list[Config]:
     """The plan's configurations starting at the n-th (mod their number): round n's order. In a
-    fixed order plain decoding ran first in every round, and its steps were 1-5% faster (medians
-    over 28 runs) than the same steps of the configurations after it that drafted nothing (a Q4_K_M
-    run of bench/workloads.py at f027581, superseded by results/workloads_auto)."""
+    fixed order the configuration that runs first in every round finds the caches and the CPU's
+    clock as no other does, and its steps are not comparable with theirs."""
     n %= max(len(configs), 1)
     return configs[n:] + configs[:n]
 

@@ -108,10 +108,8 @@ def memory_bytes() -> int | None:
         return None
 
 
-# the CPU's vector and matrix extensions that change which kernels run, and so what a pass costs: on
-# two 2-CPU machines here, an AMD EPYC and an Intel Xeon with AMX, torch bf16's T(1) was 247 and 176 ms
-# and T(32)/T(1) 1.94 and 1.54, and the issue's end-to-end budgets were met on different categories
-# (results/workload_peers/xeon-amx.md); a model name alone ("Intel(R) Xeon(R) Processor") says neither
+# the CPU's vector and matrix extensions that change which kernels run, and so what a pass costs and
+# how it grows with its width: a model name alone (as a virtual machine reports it) says neither
 CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
 
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specmac.backends import available, registry
-from specmac.core.drafters import MODEL_FREE, split_hybrid
-from specmac.core.policy import K_LIMIT
+from specmac.core.costs import K_LIMIT
 from specmac.core.sampling import SamplingParams
+from specmac.core.sources import FREE as MODEL_FREE
+from specmac.core.sources import split_draft
 from specmac.errors import BadOption
 from specmac.files import read_capped
 
@@ -32,8 +33,8 @@ class PairSpec:
     @property
     def draft_backend(self) -> str:
         """The backend whose models and options the draft takes ("gguf" of "lookup+gguf")."""
-        hybrid = split_hybrid(self.draft)
-        return hybrid[1] if hybrid else self.draft
+        parts = split_draft(self.draft)
+        return parts[1] if len(parts) == 2 else self.draft
 
     @property
     def id(self) -> str:
@@ -117,7 +118,8 @@ def parse_pair(text: str) -> PairSpec:
         raise BadOption(f"pair {text!r} is not DRAFT:TARGET: write e.g. mlx:gguf", param="pairs")
     names = registry()
     try:
-        hybrid = split_hybrid(draft)
+        hybrid = split_draft(draft) if draft != PLAIN else []
+        hybrid = hybrid if len(hybrid) == 2 else None
     except BadOption as e:
         raise BadOption(f"pair {text!r}: {e}", param="pairs") from None
     for role, name in (("draft", hybrid[1] if hybrid else draft), ("target", target)):

@@ -9,13 +9,16 @@ K + 1 tokens, so with acceptance alpha
 T_t(K + 1) is the *measured* time of a batched pass (probe-parallelism), not T_t(1): on a backend
 that verifies serially it grows like (K + 1) * T_t(1) and speculation cannot pay.
 
-Pure numpy: costs in, predictions out. The policies that use these formulas online are in
-``specmac.core.policy``; advise measures the costs (``specmac.advise``).
+``Costs`` is the one cost model the planner (``specmac.core.planner``) weighs every step by: the
+target's step over n tokens, each draft model's pass and its prefill per token, measured before a
+run where they can be (``specmac.tuning``) and refined by the run's own steps. Pure numpy: costs in,
+predictions out; advise measures the costs it predicts from (``specmac.advise``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +28,7 @@ K_MAX = 32  # the widest K the cost model searches: drafts that cost no pass (lo
 # the batched pass, so S(K) peaks well before a free draft's does; measuring 33 widths at the
 # start of every model-draft run would double the probe for widths it would not choose.
 K_MODEL = 16
+K_LIMIT = 256  # the most drafts per step a caller may ask for (the planner searches 1..K_MAX)
 # verdict thresholds on beta, shared with the probe (see specmac.probes.parallelism.verdict)
 BETA_PARALLEL, BETA_SERIAL = 0.25, 0.75
 
@@ -94,7 +98,7 @@ def draft_passes(alpha: Alpha, k: int, catch_up: bool = False) -> float:
     """Draft passes per step: K, plus (with ``catch_up``) the extra token the draft must consume
     after a step that accepted all K (the last draft and the bonus token arrive together), which
     happens with probability prod a_1..a_K. Counted as a whole pass: on a CPU a 2-token draft pass
-    costs about two (see results/probes)."""
+    costs about two."""
     if not catch_up or k == 0:
         return float(k)
     return k + float(np.prod(acceptance_profile(alpha, k)))
@@ -129,51 +133,6 @@ def best_k(alpha: Alpha, t_draft1: float, t_target: Curve, k_max: int = K_MODEL,
     table = speedup_table(alpha, t_draft1, t_target, k_max, overhead, catch_up)
     row = max(table, key=lambda r: r["predicted_speedup"])
     return row["k"], row["predicted_speedup"]
-
-
-def bet_width(alpha: float, m: int, curve: Sequence[float]) -> int:
-    """The width w in 0..m (w = 0: no bet, a plain step) with the most expected tokens per second,
-    E(w) / T(w + 1), for a free draft of m tokens at acceptance alpha. ``curve[n]`` is the measured
-    step time over n tokens; widths beyond it are not considered (never extrapolated). Ties go to
-    the narrower width."""
-    a = min(max(float(alpha), 0.0), 1.0)
-    return best_width(np.cumsum(a ** np.arange(max(int(m), 0) + 1)), curve)  # E(w) = sum_{j<=w} alpha^j
-
-
-def best_width(expected: Sequence[float], curve: Sequence[float]) -> int:
-    """The width w in 0..len(expected) - 1 with the most expected tokens per second,
-    expected[w] / T(w + 1), where ``expected[w]`` is the tokens a step over w free drafts is expected
-    to commit (expected[0] = 1, a plain step); widths beyond the measured curve are not considered.
-    Ties go to the narrower width."""
-    t = np.asarray(curve, float)
-    e = np.asarray(expected, float)
-    ws = np.arange(0, max(0, min(len(e) - 1, len(t) - 2)) + 1)
-    return int(ws[int(np.argmax(e[ws] / t[ws + 1]))])
-
-
-def posterior_moments(accepted: float, rejected: float, k_max: int) -> np.ndarray:
-    """[k_max + 1] E[alpha^j] for j = 0..k_max under alpha ~ Beta(accepted, rejected):
-    prod_{i<j} (accepted + i) / (accepted + rejected + i). Summed over j = 0..K it is the expected
-    tokens per target pass; it tends to the geometric closed form as the counts grow."""
-    a, b = max(float(accepted), 1e-9), max(float(rejected), 1e-9)
-    i = np.arange(k_max, dtype=float)
-    return np.concatenate([[1.0], np.cumprod((a + i) / (a + b + i))])
-
-
-def model_steps(accepted: float, trials: float, ks: np.ndarray,
-                t_draft1: float) -> tuple[np.ndarray, np.ndarray]:
-    """(E(K), the draft's seconds) of a model step drafting K, for each K in ``ks`` (ascending):
-    E(K) = sum_{j<=K} E[alpha^j] under alpha ~ Beta(accepted, trials - accepted)
-    (``posterior_moments``), and K passes of the draft plus, with the chance E[alpha^K] that all K
-    are kept, a pass catching it up on its last draft and the target's token. The one prediction
-    of a model step: the model draft's K policy (``AdaptiveK``) and a hybrid's model source
-    (``HybridDrafter``) weigh the same step alike."""
-    return step_of_moments(posterior_moments(accepted, trials - accepted, int(ks[-1])), ks, t_draft1)
-
-
-def step_of_moments(m: np.ndarray, ks: np.ndarray, t_draft1: float) -> tuple[np.ndarray, np.ndarray]:
-    """``model_steps`` from the moments m[j] = E[alpha^j] themselves (any acceptance model)."""
-    return np.cumsum(m)[ks], (ks + m[ks]) * t_draft1
 
 
 def fit_beta(n: Sequence[int], t: Sequence[float]) -> tuple[float, float]:
@@ -246,3 +205,115 @@ def acceptance_from_stats(stats: Any, shrink: float = 4.0) -> tuple[float, list[
     alpha = float(accepted.sum() / reached.sum())
     profile = (accepted + shrink * alpha) / (reached + shrink)
     return alpha, [float(a) for a in profile]
+
+
+class Costs:
+    """Seconds of a step as the planner weighs it: T(n), the target's pass over n tokens with the
+    loop's work on its rows; each draft model's one-token pass; its prefill per token of text it
+    has not seen.
+
+    Measured before the run (``t_target``: T(n) for n = 1..len, the widest the planner may choose)
+    or not (a fixed K: the run's own steps). A measured width counts as one observation beside the
+    run's, so one slow step cannot condemn it, and the median of the recent residuals moves every
+    width when the machine slows down for good. A T(1) above a wider width's mean as the run timed it
+    is capped there: no pass over more tokens costs less than one over fewer. Unmeasured, a width
+    costs its own mean where the run saw it, else the nearest narrower width's, and before any step
+    every width costs one unit (``timed`` is False: seconds of a draft cannot be weighed yet).
+    """
+
+    RESIDUALS = 16
+
+    def __init__(self, t_target: Sequence[float] | None = None, t_draft: Mapping[str, float] | None = None,
+                 prefill: Mapping[str, float] | None = None, note: str = "") -> None:
+        self.measured = 0 if t_target is None else len(t_target)
+        if t_target is not None and not 2 <= self.measured <= K_LIMIT + 1:
+            raise ValueError(f"t_target has {self.measured} widths: give T(1) and T(2) at least, "
+                             f"{K_LIMIT + 1} at most")
+        size = max(self.measured, K_LIMIT + 1) + 1  # index n: a step over n tokens
+        self.n_seen, self.t_seen = np.zeros(size), np.zeros(size)
+        self.prior: np.ndarray | None = None
+        if t_target is not None:
+            prior = np.asarray([t_target[0], *t_target], float)
+            self.prior = np.maximum(prior, 1e-12)
+        self.resids: deque[float] = deque(maxlen=self.RESIDUALS)
+        self.resid = 0.0
+        self.draft_prior = {k: float(v) for k, v in (t_draft or {}).items()}
+        self.prefill_rate = {k: float(v) for k, v in (prefill or {}).items()}
+        self.draft_seen: dict[str, list[float]] = {}  # name -> [passes, seconds] timed by the run
+        self.note = note  # how the measured costs were come by (the run's stats)
+        self._curve: np.ndarray | None = None
+
+    @property
+    def timed(self) -> bool:
+        """Are steps known in seconds (measured, or one timed), so a draft's seconds can be weighed?"""
+        return self.prior is not None or bool(self.n_seen.any())
+
+    def widest(self, limit: int) -> int:
+        """The widest step (tokens) the planner may ask for: the widest measured, else ``limit``."""
+        return min(self.measured, limit) if self.measured else limit
+
+    def curve(self) -> np.ndarray:
+        """[n] estimated seconds of a step over n tokens (index 0 repeats n = 1)."""
+        if self._curve is None:
+            self._curve = self._estimate()
+        return self._curve
+
+    def _estimate(self) -> np.ndarray:
+        seen = self.n_seen > 0
+        if self.prior is not None:
+            m = len(self.prior)
+            c = (self.prior + self.resid + self.t_seen[:m]) / (1 + self.n_seen[:m])
+            wide = np.flatnonzero(self.n_seen[2:m] >= 2) + 2
+            if len(wide):
+                c[1] = min(c[1], float((self.t_seen[wide] / self.n_seen[wide]).min()))
+            c[0] = c[1]
+            return np.maximum(c, 1e-12)
+        if not seen.any():
+            return np.ones(len(self.n_seen))
+        mean = np.where(seen, self.t_seen / np.maximum(self.n_seen, 1), np.nan)
+        first = np.flatnonzero(seen)[0]
+        mean[: first + 1] = mean[first]
+        idx = np.where(np.isnan(mean), 0, np.arange(len(mean)))
+        return mean[np.maximum.accumulate(idx)]  # each unseen width: the nearest narrower seen one
+
+    def draft(self, name: str) -> float:
+        """Seconds of one pass of the draft model ``name`` (0 where neither measured nor timed)."""
+        n, t = self.draft_seen.get(name, (0.0, 0.0))
+        prior = self.draft_prior.get(name)
+        if prior is not None:
+            return (prior + t) / (1 + n)
+        return t / n if n else 0.0
+
+    def knows(self, name: str) -> bool:
+        """Can a step of the draft model ``name`` be weighed in seconds yet?"""
+        return self.timed and (name in self.draft_prior or name in self.draft_seen)
+
+    def prefill(self, name: str) -> float:
+        """Seconds per token of the draft model's catching up on text it has not seen (0: unknown)."""
+        return self.prefill_rate.get(name, 0.0)
+
+    def observe(self, n: int, seconds: float) -> None:
+        """A step over n tokens took ``seconds`` (the target's pass and the loop's work on it)."""
+        if not 0 < n < len(self.n_seen) or seconds <= 0:
+            return
+        self.n_seen[n] += 1
+        self.t_seen[n] += seconds
+        if self.prior is not None and n < len(self.prior):
+            self.resids.append(seconds - float(self.prior[n]))
+            self.resid = float(np.median([0.0, *self.resids]))
+        self._curve = None
+
+    def observe_draft(self, name: str, passes: int, seconds: float) -> None:
+        """``passes`` one-token passes of the draft model ``name`` took ``seconds``."""
+        if passes > 0 and seconds > 0:
+            seen = self.draft_seen.setdefault(name, [0.0, 0.0])
+            seen[0] += passes
+            seen[1] += seconds
+
+    def info(self) -> dict:
+        c = self.curve()
+        top = self.measured or (int(np.flatnonzero(self.n_seen)[-1]) if self.n_seen.any() else 1)
+        return {"measured_widths": self.measured, "note": self.note,
+                "t_target_ms": [float(x) * 1e3 for x in c[1:top + 1]] if self.timed else [],
+                "t_draft_ms": {k: self.draft(k) * 1e3 for k in sorted({*self.draft_prior, *self.draft_seen})},
+                "prefill_ms_per_token": {k: v * 1e3 for k, v in sorted(self.prefill_rate.items())}}

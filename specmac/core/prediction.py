@@ -6,10 +6,11 @@ the prediction of the next token it expects), advances it while the committed to
 prediction, and after an edit (a token the prediction does not have there) realigns as prompt
 lookup does over the prompt: the longest suffix of the sequence (up to ``max_ngram`` tokens) found
 in the prediction, the occurrence nearest at or after the old alignment first. Before any
-token is generated the alignment is the prediction's start. With no alignment it asks
-``fallback`` (the pair's own drafter, if it drafts) instead.
+token is generated the alignment is the prediction's start. It is one more free source beside the
+pair's own (``specmac.core.drafters``): where it has no alignment it proposes nothing, and the
+planner weighs its proposals against theirs.
 
-Proposals from the prediction carry a one-hot q, as the n-gram drafter's do, so the same rejection
+Proposals from the prediction carry a one-hot q, as every free source's do, so the same rejection
 rule keeps the target's distribution (at T > 0 a prediction token d is accepted with probability
 p(d)).
 
@@ -17,8 +18,9 @@ Accounting (``usage``), per position of the prediction, each counted once:
   accepted: prediction positions whose token was proposed and kept by the target (it appears in
             the completion, at the place the alignment put it);
   rejected: prediction positions proposed at least once and never kept.
-Prediction tokens never proposed (the run stopped first, or an edit skipped them) are in neither.
-The counts are settled from the loop's events (``settle``), which ``specmac.api.Pair.stream`` feeds.
+Prediction tokens never proposed (the run stopped first, an edit skipped them, or another source
+drafted the step) are in neither. The counts are settled from the loop's events (``settle``), which
+``specmac.api.Pair.stream`` feeds.
 """
 
 from __future__ import annotations
@@ -27,62 +29,50 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specmac.core.drafters import Drafter, OneHotRows
+from specmac.core.drafters import Drafter
 
 
 class PredictionDrafter(Drafter):
-    """Drafts from ``prediction`` (token ids) where the text has reached it, else from ``fallback``."""
+    """Drafts from ``prediction`` (token ids) where the text has reached it."""
 
     name = "prediction"
+    priors = {"prediction": (0.5, 2.0, False)}
 
-    def __init__(self, prediction: Sequence[int], fallback: Drafter | None = None,
-                 max_ngram: int = 8, min_ngram: int = 1) -> None:
+    def __init__(self, prediction: Sequence[int], max_ngram: int = 8, min_ngram: int = 1) -> None:
         self.pred = [int(t) for t in prediction]
         self._arr = np.asarray(self.pred, dtype=np.int64)
-        self.fallback = fallback if fallback is not None and fallback.drafts else None
-        self.backend = self.fallback.backend if self.fallback else None
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.pos: int | None = 0  # index in pred of the next expected token; None: lost
         self.n_seen: int | None = None  # len(seq) at the last propose (None: none yet)
         self.accepted: set[int] = set()  # prediction positions kept
         self.proposed: set[int] = set()  # prediction positions proposed
-        self._pending: list[int] = []  # positions proposed by the step now being verified
+        self._offered = 0  # the prediction position of the last proposal's first draft
 
-    def max_k(self, n_seq: int) -> int:
-        return self.fallback.max_k(n_seq) if self.fallback else 1 << 30
-
-    def propose(self, seq, k, params, rng, n_vocab, noise=None):
+    def propose(self, seq, k):
         self._align(seq)
         self.n_seen = len(seq)
-        if self.pos is not None and self.pos < len(self.pred):
-            drafts = self.pred[self.pos:self.pos + k]
-            self._pending = list(range(self.pos, self.pos + len(drafts)))
-            self.proposed.update(self._pending)
-            return drafts, (None if params.greedy else OneHotRows(drafts, n_vocab))
-        self._pending = []
-        if self.fallback is not None:
-            return self.fallback.propose(seq, k, params, rng, n_vocab, noise=noise)
-        return [], None
+        if self.pos is None or self.pos >= len(self.pred) or k < 1:
+            return [], ""
+        self._offered = self.pos
+        return self.pred[self.pos:self.pos + k], "prediction"
 
-    def settle(self, n_drafted: int, n_accepted: int) -> None:
-        """One step's verdict (the loop's event): its first n_accepted drafts were kept."""
-        if n_drafted and self._pending:
-            self.accepted.update(self._pending[:n_accepted])
-        self._pending = []
+    def settle(self, source: str, n_drafted: int, n_accepted: int) -> None:
+        """One step's verdict (the loop's event): where this prediction drafted it, its first
+        n_drafted positions were proposed and the first n_accepted accepted."""
+        if source == self.name and n_drafted:
+            self.proposed.update(range(self._offered, self._offered + n_drafted))
+            self.accepted.update(range(self._offered, self._offered + n_accepted))
 
     def usage(self) -> dict:
         return {"accepted_prediction_tokens": len(self.accepted),
                 "rejected_prediction_tokens": len(self.proposed - self.accepted)}
 
     def trim(self, n: int) -> None:
-        if self.fallback is not None:
-            self.fallback.trim(n)
+        if n == 0:
+            self.pos, self.n_seen = 0, None
 
     def info(self) -> dict:
-        out = {"drafter": self.name, "prediction_tokens": len(self.pred), "max_ngram": self.max_ngram}
-        if self.fallback is not None:
-            out["fallback"] = self.fallback.info()
-        return out
+        return {"drafter": self.name, "prediction_tokens": len(self.pred), "max_ngram": self.max_ngram}
 
     def _align(self, seq: Sequence[int]) -> None:
         if self.n_seen is None:  # the first step: nothing generated yet, the prediction starts here

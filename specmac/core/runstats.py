@@ -100,6 +100,7 @@ class RunStats:
             "time_split": {"draft": self.t_draft, "verify": self.t_target, "other": self.t_other},
             "finish_reason": self.finish_reason,
             "steps_by_source": dict(self.sources),
+            "k_steps": list(self.k_steps),
             "plain_step_seconds": self.plain_step_seconds,
             "n_plain_steps": len(self.plain_steps),
         }

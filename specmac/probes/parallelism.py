@@ -31,8 +31,8 @@ import numpy as np
 
 from specmac.backends import BaseBackend
 from specmac.core.costs import BETA_PARALLEL, BETA_SERIAL, fit_beta
-from specmac.core.timing import check_context, probe_tokens, summary, timed
 from specmac.errors import BadOption
+from specmac.tuning.timing import check_context, probe_tokens, summary, timed
 
 NOISY = 0.15  # timings whose IQR is above this fraction of the median are not to be trusted
 
@@ -90,7 +90,7 @@ class SerialBackend(BaseBackend):
 
 def _warm_up(b: BaseBackend, context: int, toks: list[int]) -> None:
     """The widest batched pass and a few one-token passes: buffers, kernels and caches get ready
-    at a fraction of a full repeat's cost (which matters on a 1.5B model)."""
+    at a fraction of a full repeat's cost (which matters on a large model)."""
     for n in (len(toks), 1, 1, 2):
         b.rewind(context)
         b.score(toks[:n])

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from specmac.core.policy import K_LIMIT
+from specmac.core.costs import K_LIMIT
 from specmac.core.prediction import prediction_text
 from specmac.core.sampling import SamplingParams
 from specmac.errors import SpecmacError

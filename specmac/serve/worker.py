@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from specmac.api import Pair
+from specmac.core.planner import Planner
 from specmac.core.runstats import RunStats
 from specmac.errors import ContextOverflow, SpecmacError
 from specmac.serve.metrics import Metrics
@@ -49,8 +50,10 @@ class Job:
 
 
 class Worker:
-    def __init__(self, pair: Pair, *, k: int | str, queue_size: int, metrics: Metrics) -> None:
+    def __init__(self, pair: Pair, *, k: int | str, queue_size: int, metrics: Metrics,
+                 planner: Planner | None = None) -> None:
         self.pair, self.k, self.metrics = pair, k, metrics
+        self.planners: dict[int | str, Planner] = {k: planner} if planner is not None else {}
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.thread = threading.Thread(target=self._run, name="specmac-worker", daemon=True)
         self.chat_template = self._has_chat_template()
@@ -63,6 +66,13 @@ class Worker:
                         "%s (see docs/serve.md)", FALLBACK_FORMAT)
             return False
         return True
+
+    def planner(self, k: int | str) -> Planner:
+        """The server's planner for ``k``, made once (k 0: no sources, plain decoding; "auto" times
+        the pair's passes the first time, kept on disk), its costs refined by every request since."""
+        if k not in self.planners:
+            self.planners[k] = Planner([], k=1) if k == 0 else self.pair.planner(k)
+        return self.planners[k]
 
     def start(self) -> None:
         self.thread.start()
@@ -128,11 +138,9 @@ class Worker:
         pair = self.pair if k != 0 else self.pair.plain()
         predicted = pair.prediction_drafter(req.prediction) if req.prediction is not None and k != 0 else None
         max_tokens = req.max_tokens or target.n_ctx  # the loop stops at the context window first
-        # k 0: no drafter, so no drafts whatever K says; "auto" times the pair's passes (kept costs)
-        policy = pair.timed_auto_policy(max_tokens, len(ids)) if k == "auto" else pair.policy(k or 1)
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         stats = RunStats(k=k)
-        steps = pair.stream(ids, params=req.params, max_tokens=max_tokens, k=policy, seed=seed,
+        steps = pair.stream(ids, params=req.params, max_tokens=max_tokens, k=self.planner(k), seed=seed,
                             prediction=predicted)
         out, finish, started = TextOut(target.decode, req.stop), None, False
         try:

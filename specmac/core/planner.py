@@ -1,0 +1,398 @@
+"""The step planner: for every active sequence, which source drafts its next step, and how wide.
+
+Sources only propose (``specmac.core.drafters``); the loop reports each step's outcome once, to
+``Planner.observe``. The planner keeps a ``Record`` per sequence (each source's running acceptance,
+per kind of proposal and depth, and how much of the text each kind of source wrote) and one
+``Costs`` for all of them (``specmac.core.costs``: the target's step over n tokens, each draft
+model's pass and its prefill per token).
+
+A step's options, per sequence: a plain step (1 token, no drafts); a free source's proposal cut to
+width w (E(w) tokens expected, no draft seconds); a model's K drafts (E(K) tokens, K passes and,
+with the chance that all K are accepted, a pass catching it up, plus its prefill of the text it has
+not seen, spread over the tokens it can expect to draft for). ``plan`` picks one option per sequence
+so that the pass's expected tokens per second, sum E / (T(W) + sum D) over a pass W tokens wide,
+is the most: with one sequence it is the exact argmax; with several, each sequence in turn takes its
+best option given the others' until none changes. Batching and speculation spend the same width.
+
+E(w) = 1 + sum_{j<=w} S(j), with S(j) the chance that a proposal's first j drafts are accepted: a
+survival curve counted per depth as Kaplan and Meier count it (a depth few proposals reached leans
+on the one before it, with the prior's weight), not the geometric sum of one rate: a copied stretch
+is accepted for a while and then left, so one proposal's drafts are not independent. Counts are
+forgotten a little every step, so a change of text is followed and a declined source is tried again
+once its record has faded towards its prior. Every proposal a free source made is scored against
+what the step committed, chosen or not, so a kind that is never bet on can still earn its way back.
+
+The prefill of a model that has not seen the text is paid back only over the tokens it can expect
+to draft for: the tokens the answer has left, at the chance it ends before ``max_tokens`` (an answer
+that has run n tokens is taken to run as far again about as often as not: lengths with the heavy
+tail S(x) = c / (c + x), c = ``length``), times the share of the text not written by free sources'
+accepted drafts. So a long prompt with a short answer is decoded without starting the model, and a
+code edit the lookup copies does not pay for a model it would rarely use.
+
+With a fixed K the widths are the user's: a model drafts K, a free source its proposal up to K
+where its first draft is as likely accepted as not; with several sources each step still takes the
+one with the most tokens per second (or none), on the run's own timings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from specmac.core.costs import K_MAX, K_MODEL, Costs
+from specmac.core.drafters import Drafter, common_prefix
+
+K_DEFAULT = 4  # drafts per step unless told otherwise
+LENGTH = 128  # tokens: the scale of the prior on an answer's length (half of all answers are longer)
+HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
+BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
+OPTIMISM = 1.64  # standard deviations above the mean acceptance: the rate a try bets on
+SHARE_PRIOR = 4  # tokens each way: the prior on the share of an answer free sources will write
+MODEL_PRIOR = (0.5, 4.0, True)  # a source's prior where it names none (``Drafter.priors``)
+
+Key = tuple[str, str]  # (source name, kind of proposal)
+Offer = tuple[int, list[int], str]  # (source index, drafts, kind): a free source's proposal
+Choice = tuple[int | None, int]  # (source index or None for a plain step, width)
+
+
+class Record:
+    """One sequence as the planner sees it: acceptance per (source, kind) and depth, decayed counts
+    of proposals that reached depth j and of those accepted there; the tokens written so far and
+    how many of them free sources' accepted drafts wrote."""
+
+    def __init__(self, max_tokens: int, priors: Mapping[Key, tuple[float, float, bool]],
+                 decay: float) -> None:
+        self.max_tokens, self.priors, self.decay = max_tokens, priors, decay
+        self.reached: dict[Key, np.ndarray] = {}
+        self.accepted: dict[Key, np.ndarray] = {}
+        self.n_out = self.free_written = 0
+        self.elapsed = self.lost = 0.0  # seconds decoded; seconds model steps lost against plain ones
+        self.note = ""  # why a model was not started, where its prefill is what stopped it
+
+    def survival(self, key: Key, m: int) -> np.ndarray:
+        """[m + 1] S(j), j = 0..m: the chance that a proposal's first j drafts are all accepted.
+
+        A source of one rate (a model: ``one_rate``) has S(j) = E[alpha^j] under the Beta
+        posterior of its pooled counts, prior Beta(p w, (1 - p) w): prod_{i<j} (A + i) / (A + B + i)
+        with A its accepted drafts and B its rejections, each plus the prior's. Its heavier tail
+        than alpha^j at the mean keeps one rejection after a run of acceptances from cutting a wide
+        K to a narrow one. A free source's kinds are run lengths (a copied stretch is accepted for a
+        while, then left): depth j's share is its own counts shrunk, with the prior's weight w,
+        towards the share at the depth before it (p before the first)."""
+        p, w, one_rate = self.priors.get(key, MODEL_PRIOR)
+        reached, accepted = self.reached.get(key), self.accepted.get(key)
+        if one_rate:
+            return self.pooled([key], m, p, w)
+        s, share = np.ones(m + 1), p
+        for j in range(m):
+            if reached is not None and j < len(reached):
+                share = (accepted[j] + w * share) / (reached[j] + w)
+            s[j + 1] = s[j] * share
+        return s
+
+    def pooled(self, keys: Sequence[Key], m: int, p: float = MODEL_PRIOR[0],
+               w: float = MODEL_PRIOR[1]) -> np.ndarray:
+        """[m + 1] E[alpha^j], j = 0..m, for ``keys`` taken as one rate: the Beta posterior of their
+        pooled accepted drafts and rejections, prior Beta(p w, (1 - p) w)."""
+        a, b = p * w, (1 - p) * w
+        for key in keys:
+            if key in self.reached:
+                a += self.accepted[key].sum()
+                b += self.reached[key].sum() - self.accepted[key].sum()
+        i = np.arange(m, dtype=float)
+        return np.concatenate([[1.0], np.cumprod((a + i) / (a + b + i))])
+
+    def hopeful(self, key: Key, m: int) -> np.ndarray:
+        """[m + 1] alpha^j, j = 0..m, at an optimistic acceptance of a source of one rate: its
+        posterior mean plus ``OPTIMISM`` standard deviations (at most 1), the rate a try bets on."""
+        p, w, _ = self.priors.get(key, MODEL_PRIOR)
+        a, b = p * w, (1 - p) * w
+        if key in self.reached:
+            a += self.accepted[key].sum()
+            b += self.reached[key].sum() - self.accepted[key].sum()
+        n = a + b
+        high = min(a / n + OPTIMISM * math.sqrt(a * b / (n * n * (n + 1.0))), 1.0)
+        return high ** np.arange(m + 1.0)
+
+    def learn(self, key: Key, drafts: Sequence[int], committed: Sequence[int]) -> None:
+        """A proposal against what the step committed: accepted as far as they agree, rejected at
+        the first difference, unknown beyond the committed tokens."""
+        if not drafts:
+            return
+        kept = common_prefix(drafts, committed, len(drafts))
+        depth = kept + (kept < len(drafts) and kept < len(committed))
+        if key not in self.reached:
+            self.reached[key], self.accepted[key] = np.zeros(0), np.zeros(0)
+        if depth > len(self.reached[key]):
+            grow = depth - len(self.reached[key])
+            self.reached[key] = np.concatenate([self.reached[key], np.zeros(grow)])
+            self.accepted[key] = np.concatenate([self.accepted[key], np.zeros(grow)])
+        self.reached[key][:depth] += 1
+        self.accepted[key][:kept] += 1
+
+    def advance(self, n_new: int, free_accepted: int) -> None:
+        """A step wrote ``n_new`` tokens, ``free_accepted`` of them a free source's accepted drafts."""
+        for key in self.reached:
+            self.reached[key] *= self.decay
+            self.accepted[key] *= self.decay
+        self.n_out += n_new
+        self.free_written += free_accepted
+
+    def left(self, scale: float) -> float:
+        """Tokens the answer is expected to have left: E[min(L, max_tokens) - n | L > n] for
+        lengths L with P(L > x) = scale / (scale + x)."""
+        n, m = self.n_out, self.max_tokens
+        return (scale + n) * math.log((scale + m) / (scale + n)) if n < m else 0.0
+
+    def model_share(self, free: bool) -> float:
+        """The share of the tokens left a model can expect to draft for: of the text so far, what
+        free sources' accepted drafts did not write (with ``free`` sources beside it), else all of
+        it. A prior of ``SHARE_PRIOR`` tokens each way: how much of an answer a lookup will copy is
+        not seen in its first few tokens."""
+        if not free:
+            return 1.0
+        return (self.n_out - self.free_written + SHARE_PRIOR) / (self.n_out + 2 * SHARE_PRIOR)
+
+    def info(self) -> dict:
+        first = {f"{s}:{k}": float(self.survival((s, k), 1)[1]) for s, k in sorted(self.reached)}
+        return {"acceptance": first,
+                "free_written": self.free_written, "n_out": self.n_out, "note": self.note}
+
+
+class Planner:
+    """Chooses each step's source and width from the sequences' records and the shared costs.
+    ``k``: None chooses widths (``k="auto"``: ``costs`` measured before the run), an integer fixes
+    them. ``length``: the scale of the prior on an answer's length; ``decay``: what the records keep
+    of their counts from one step to the next."""
+
+    def __init__(self, sources: Sequence[Drafter], costs: Costs | None = None, k: int | None = None,
+                 length: float = LENGTH, decay: float = 0.97) -> None:
+        self.sources, self.costs, self.k = list(sources), costs or Costs(), k
+        self.length, self.decay = float(length), float(decay)
+        self.priors = {(s.name, kind): p for s in self.sources for kind, p in s.priors.items()}
+        self.last: Record | None = None  # the latest sequence started (a run's stats read it)
+        self.kept: object | None = None  # where the costs were kept (the tuning layer's; never read here)
+        self.settled = ""  # what became of them after the run (set by the API)
+
+    @property
+    def label(self) -> str:
+        return "auto" if self.k is None else "fixed"
+
+    def record(self, max_tokens: int) -> Record:
+        """A new sequence's record (it writes at most ``max_tokens``)."""
+        self.last = Record(max_tokens, self.priors, self.decay)
+        return self.last
+
+    # --- choosing ---------------------------------------------------------------------------------
+    def choose(self, record: Record, offers: Sequence[Offer], behind: Mapping[int, int], room: int) -> Choice:
+        """One sequence's next step: ``offers``, the free sources' proposals; ``behind``, per model
+        source, the tokens of the text it has not processed; ``room``, the most drafts the step may
+        verify (tokens left, context window)."""
+        if not self.sources:  # plain decoding
+            return (None, 0)
+        if self.k is not None and len(self.sources) == 1:  # the user's K and one source: no choice
+            if behind:
+                return (0, min(self.k, room)) if room else (None, 0)
+            fit = [o for o in offers if min(len(o[1]), room, self.k)
+                   and record.survival((self.sources[0].name, o[2]), 1)[1] >= 0.5]
+            return (0, min(len(fit[0][1]), room, self.k)) if fit else (None, 0)
+        return self.plan([(record, offers, behind, room)])[0]
+
+    def plan(self, asks: Sequence[tuple[Record, Sequence[Offer], Mapping[int, int], int]]) -> list[Choice]:
+        """Every active sequence's (source, width) for the next pass: the most expected tokens per
+        second over the pass (module docstring)."""
+        opts = [self._options(*ask) for ask in asks]
+        pick = [0] * len(opts)
+        for _ in range(3 if len(opts) > 1 else 1):
+            moved = False
+            for r, (_, w, e, d) in enumerate(opts):
+                width = sum(1 + opts[j][1][pick[j]] for j in range(len(opts)) if j != r)
+                got = sum(opts[j][2][pick[j]] for j in range(len(opts)) if j != r)
+                paid = sum(opts[j][3][pick[j]] for j in range(len(opts)) if j != r)
+                best = int(np.argmax((got + e) / (self._t(width + 1 + w) + paid + d)))
+                moved |= best != pick[r]
+                pick[r] = best
+            if not moved:
+                break
+        out = [(o[0][i], int(o[1][i])) for o, i in zip(opts, pick)]
+        if len(asks) == 1 and out[0] == (None, 0) and self.k is None:  # nothing pays at the means
+            return [self._try(*asks[0]) or out[0]]
+        return out
+
+    def _try(self, record: Record, offers, behind: Mapping[int, int], room: int) -> Choice | None:
+        """Where no option pays at the records' means: the model step that pays best at an
+        optimistic acceptance (``Record.hopeful``), priced as any model step is, tried where its
+        worst case (every draft rejected) fits the run's budget: ``BUDGET`` of the time decoded
+        (or, if more, of plain decoding over the tokens left), less what model steps lost so far
+        (gains count back). So trying never costs more than a few percent of a run, and a draft
+        that cannot pay even always accepted is never tried."""
+        t = self.costs.curve()
+        budget = BUDGET * max(record.elapsed, record.left(self.length) * t[1]) - record.lost
+        best, pick = 1.0 / t[1], None
+        for i, n_behind in behind.items():
+            ks = self._model_widths(record, i, n_behind, room)
+            if ks is None:
+                continue
+            ex, _, passes, share = self._model_step(record, i, n_behind, ks)
+            hope = np.cumsum(record.hopeful((self.sources[i].name, "model"), int(ks[-1])))[ks]
+            width = self._t(ks + 1)
+            rate = hope / (passes + width + hope * (share / ex))  # the prefill's share of a hopeful step
+            prefill = n_behind * self.costs.prefill(self.sources[i].name) if n_behind > 2 else 0.0
+            ok = (rate > best) & (passes + width - t[1] + prefill <= budget)
+            if ok.any():
+                j = int(np.argmax(np.where(ok, rate, -1.0)))
+                best, pick = float(rate[j]), (i, int(ks[j]))
+        return pick
+
+    def _t(self, n: np.ndarray | int) -> np.ndarray:
+        """Seconds of a pass over n tokens; past the curve, its last step extended."""
+        c = self.costs.curve()
+        n = np.asarray(n)
+        top = len(c) - 1
+        return np.where(n <= top, c[np.minimum(n, top)], c[top] + (c[top] - c[top - 1]) * (n - top))
+
+    def _options(self, record: Record, offers: Sequence[Offer], behind: Mapping[int, int],
+                 room: int) -> tuple[list[int | None], np.ndarray, np.ndarray, np.ndarray]:
+        """(source, width, E, draft seconds) of each option of one sequence's step."""
+        src: list[int | None] = [None]
+        w, e, d = [0], [1.0], [0.0]
+        fixed = self.k is not None
+        cap = min(room, self.k if fixed else self.costs.widest(K_MAX + 1) - 1)
+        for i, n_behind in behind.items():
+            ks = self._model_widths(record, i, n_behind, room)
+            if ks is None:
+                continue
+            ex, _, passes, share = self._model_step(record, i, n_behind, ks)
+            if share.any() and not record.note and n_behind > 2:
+                self._explain(record, n_behind, ex, passes, share, ks)
+            src += [i] * len(ks)
+            w += [int(k) for k in ks]
+            e += [float(x) for x in ex]
+            d += [float(x) for x in passes + share]
+        t = self._t(np.asarray(w) + 1)
+        # a started model that beats a plain step: free sources' guesses no longer compete with it
+        started = any(s is not None and behind[s] <= record.n_out and e[j] / (t[j] + d[j]) > 1 / t[0]
+                      for j, s in enumerate(src))
+        for i, drafts, kind in offers:
+            m = min(len(drafts), cap if fixed else self._pooled_cap(record, i, cap))
+            key = (self.sources[i].name, kind)
+            if m < 1 or (fixed and record.survival(key, 1)[1] < 0.5):  # fixed K: bets more often won
+                continue
+            if started and kind in self.sources[i].guesses:
+                continue
+            ex = np.cumsum(record.survival(key, m))
+            ws = [m] if fixed else range(1, m + 1)
+            src += [i] * len(ws)
+            w += list(ws)
+            e += [float(ex[x]) for x in ws]
+            d += [0.0] * len(ws)
+        if fixed and len(self.sources) == 1 and len(src) > 1:
+            src, w, e, d = src[1:], w[1:], e[1:], d[1:]  # one source and a fixed K: no choice to make
+        return src, np.asarray(w), np.asarray(e, float), np.asarray(d, float)
+
+    def _pooled_cap(self, record: Record, i: int, cap: int) -> int:
+        """The widest a free source may bet under k="auto": the width its pooled record (all its
+        kinds as one rate) would bet on this curve. Its kinds' survival says how far a match of
+        that kind runs, read from the few proposals that reached so far; just before a copied
+        stretch ends it reads near 1 at every depth, and the pooled rate keeps the next bet from
+        going as wide as the curve allows."""
+        source = self.sources[i]
+        kinds = [k for k in source.priors if k not in source.guesses] or list(source.priors)
+        ex = np.cumsum(record.pooled([(source.name, k) for k in kinds], cap))
+        ws = np.arange(1, cap + 1)
+        return int(ws[np.argmax(ex[ws] / self._t(ws + 1))]) if cap else 0
+
+    def _model_widths(self, record: Record, i: int, n_behind: int, room: int) -> np.ndarray | None:
+        """The K a model source may draft this step (a fixed K: that one), or None: it cannot be
+        weighed in seconds yet, or it waits beside free sources while its prefill is dear."""
+        name, costs = self.sources[i].name, self.costs
+        alone = self.k is not None and len(self.sources) == 1  # the user's K, nothing to weigh it against
+        top = min(room, self.k) if self.k is not None else min(room, K_MODEL, costs.widest(K_MAX + 1) - 1)
+        if top < 1 or not (alone or costs.knows(name)):
+            return None
+        if self._free and record.n_out < HOLD and n_behind * costs.prefill(name) > HOLD * costs.curve()[1]:
+            return None  # the free sources are tried first: a text they copy would not pay the prefill back
+        return np.array([top]) if self.k is not None else np.arange(1, top + 1)
+
+    def _model_step(self, record: Record, i: int, n_behind: int, ks: np.ndarray):
+        """(E(K), P(all K accepted), the draft's passes in seconds, its prefill's share of the step)
+        for each K in ``ks`` (ascending) of model source i: K passes and, where all K are accepted,
+        a pass catching it up; its prefill of the ``n_behind`` tokens it has not seen, spread over
+        the tokens it can expect to draft for (module docstring), E(K) of them a step."""
+        name = self.sources[i].name
+        s = record.survival((name, "model"), int(ks[-1]))
+        ex = np.cumsum(s)[ks]
+        passes = (ks + s[ks]) * self.costs.draft(name)
+        left = max(record.left(self.length) * record.model_share(self._free), 1.0)
+        return ex, s[ks], passes, ex * n_behind * self.costs.prefill(name) / left
+
+    @property
+    def _free(self) -> bool:
+        """Are there free sources beside the models?"""
+        return any(s.backend is None for s in self.sources)
+
+    def _explain(self, record: Record, n_behind: int, ex, passes, share, ks) -> None:
+        """Note why the model is not started where its prefill is what stops it (once a sequence)."""
+        t = self.costs.curve()
+        free = float(np.max(ex / (passes + t[ks + 1])))
+        if free > 1.0 / t[1] >= float(np.max(ex / (passes + t[ks + 1] + share))):
+            left = max(record.left(self.length) * record.model_share(self._free), 1.0)
+            prefill = float(share[0] / ex[0] * left)
+            saving = left * t[1] - left / free
+            record.note = (f"model draft not started: its prefill of {n_behind} tokens \u2248 "
+                           f"{prefill:.2g} s exceeds the best saving over the \u2248{left:.0f} tokens it "
+                           f"would draft for \u2248 {saving:.2g} s")
+
+    def extend(self, record: Record, offers: Sequence[Offer], choice: Choice, n_behind: int) -> Offer | None:
+        """After a model drafted (``choice``): a free source's continuation of its drafts (``offers``:
+        the free sources' proposals after them), verified in the same pass as far as it pays at the
+        chance that all the model's drafts are accepted: a copied stretch that the drafts lead into
+        is kept further than the model drafts, for the few widths more. Under k="auto" only, and
+        never a guess; None where no continuation pays."""
+        i, k = choice
+        offers = [o for o in offers if o[2] not in self.sources[o[0]].guesses]
+        if self.k is not None or not offers:
+            return None
+        ex, s, passes, share = (x[0] for x in self._model_step(record, i, n_behind, np.array([k])))
+        best, pick = ex / (self._t(k + 1) + passes + share), None
+        for j, drafts, kind in offers:
+            gain = np.cumsum(record.survival((self.sources[j].name, kind), len(drafts)))[1:] - 1.0
+            ws = np.arange(1, len(drafts) + 1)
+            rate = (ex + s * gain) / (self._t(k + 1 + ws) + passes + share)
+            if rate.max() > best:
+                best, pick = float(rate.max()), (j, drafts[: int(ws[np.argmax(rate)])], kind)
+        return pick
+
+    # --- learning ---------------------------------------------------------------------------------
+    def observe(self, record: Record, offers: Sequence[Offer], choice: Choice, drafts: Sequence[int],
+                committed: Sequence[int], behind: int, t_draft: float, t_step: float,
+                ext: Offer | None = None) -> None:
+        """One step's outcome, reported once by the loop: the free sources' ``offers``, the
+        ``choice`` and the ``drafts`` it verified (a model's followed by its extension ``ext``), the
+        tokens the step ``committed``, how far the chosen model was ``behind``, and the seconds of
+        drafting and of the step's pass and rule."""
+        src = choice[0]
+        self.costs.observe(len(drafts) + 1, t_step)
+        for i, proposal, kind in offers:
+            record.learn((self.sources[i].name, kind), proposal, committed)
+        accepted = common_prefix(drafts, committed, len(drafts))
+        free = src is not None and self.sources[src].backend is None
+        if src is not None and not free:
+            name, k = self.sources[src].name, choice[1]
+            record.learn((name, "model"), drafts[:k], committed)
+            if ext is not None and accepted >= k:  # the extension was reached: learnt as its kind
+                record.learn((self.sources[ext[0]].name, ext[2]), ext[1], committed[k:])
+            if behind <= 2:  # else the draft time holds a prefill: not a pass's cost
+                self.costs.observe_draft(name, k + (behind == 2), t_draft)
+        record.elapsed += t_draft + t_step
+        if src is not None and not free and self.k is None:  # what model steps lost against plain ones
+            record.lost += t_draft + t_step - len(committed) * float(self.costs.curve()[1])
+        record.advance(len(committed), accepted if free else 0)
+
+    def info(self) -> dict:
+        out = {"policy": self.label, "k": self.k, "costs": self.costs.info(), "settled": self.settled}
+        if self.last is not None:
+            out |= self.last.info()
+        return out
