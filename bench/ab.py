@@ -58,13 +58,15 @@ def worker() -> None:
         else:
             r = msg["run"]
             ids = target.encode(target.apply_chat_template(r["messages"]))
-            g = pairs[r["config"]].generate(ids, params=SamplingParams(0.0), k=r["k"] if r["config"] != "none" else 1,
-                                            max_tokens=r["max_tokens"], seed=r["seed"])
+            k = r["k"] if r["config"] != "none" else 1
+            g = pairs[r["config"]].generate(ids, params=SamplingParams(0.0), k=k, max_tokens=r["max_tokens"],
+                                            seed=r["seed"])
             s = g.stats
             reply = {"n_tokens": s.n_tokens, "seconds": s.seconds, "prefill_seconds": s.t_prefill,
-                     "n_target_passes": s.n_target_passes, "n_drafted": s.n_drafted, "n_accepted": s.n_accepted,
-                     "sources": dict(s.sources), "token_ids": g.token_ids, "plain_step_s": s.plain_step_seconds,
-                     "n_plain_steps": len(s.plain_steps), "n_prompt": len(ids)}
+                     "n_target_passes": s.n_target_passes, "n_drafted": s.n_drafted,
+                     "n_accepted": s.n_accepted, "sources": dict(s.sources), "token_ids": g.token_ids,
+                     "plain_step_s": s.plain_step_seconds, "n_plain_steps": len(s.plain_steps),
+                     "n_prompt": len(ids)}
         print(json.dumps(reply), flush=True)
 
 
@@ -121,25 +123,28 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--before", type=Path, help="the checkout to compare against (e.g. a git worktree)")
-    ap.add_argument("--after", type=Path, default=HERE.parent, help="the checkout measured (default this one)")
+    ap.add_argument("--after", type=Path, default=HERE.parent,
+                    help="the checkout measured (default this one)")
     ap.add_argument("--models-dir", type=Path, default=Path(os.environ.get("SPECMAC_MODELS", "models")))
     ap.add_argument("--target-backend", default="gguf")
     ap.add_argument("--target-model", help=f"default: MODELS_DIR/{TARGET}")
     ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--draft-model", help=f"a GGUF file with the target's vocabulary (default MODELS_DIR/{DRAFT})")
-    ap.add_argument("--drafts", default="gguf,lookup,lookup+gguf", help="comma-separated sources (none is always run)")
+    ap.add_argument("--draft-model",
+                    help=f"a GGUF file with the target's vocabulary (default MODELS_DIR/{DRAFT})")
+    ap.add_argument("--drafts", default="gguf,lookup,lookup+gguf",
+                    help="comma-separated draft names (plain decoding is always run)")
     ap.add_argument("--k", default="auto")
     ap.add_argument("--categories", default="all")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--edit-tokens", type=int, default=256, help="max tokens of a code edit")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="the folder for results.json, README.md and the PNG")
     a = ap.parse_args(argv)
     if a.worker:
         return worker()
-    if a.before is None:
-        ap.error("--before CHECKOUT is required")
+    if a.before is None or a.out is None:
+        ap.error("--before CHECKOUT and --out DIR are required")
     from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
     from specmac.compare.results import provenance
 
@@ -188,9 +193,10 @@ def measure(sides: list[Checkout], configs: list[str], prompts: list[dict], k, a
     both checkouts, the configurations rotated and the two checkouts' order alternated."""
     def ask(side: Checkout, config: str, p: dict, r: int, n: int) -> dict:
         msgs = p.get("messages") or [{"role": "user", "content": p["text"]}]
-        out = side.ask({"run": {"config": config, "messages": msgs, "max_tokens": n, "seed": r, "k": k}})
-        return {"side": side.label, "config": config, "prompt": p["id"], "category": p["category"], "round": r,
-                **out}
+        out = side.ask({"run": {"config": config, "messages": msgs, "max_tokens": n, "seed": max(r, 0),
+                                "k": k}})
+        return {"side": side.label, "config": config, "prompt": p["id"], "category": p["category"],
+                "round": r, **out}
 
     for side in sides:
         for c in configs:
@@ -204,8 +210,9 @@ def measure(sides: list[Checkout], configs: list[str], prompts: list[dict], k, a
                 for side in order:
                     runs.append(ask(side, c, p, r, n))
                     done = runs[-1]
-                    print(f"r{r} {p['id']:8s} {c:12s} {side.label:6s} {done['n_tokens'] / done['seconds']:6.1f} tok/s",
-                          file=sys.stderr, flush=True)
+                    tps = done["n_tokens"] / done["seconds"]
+                    print(f"r{r} {p['id']:8s} {c:12s} {side.label:6s} {tps:6.1f} tok/s", file=sys.stderr,
+                          flush=True)
                 step += 1
     return runs
 
@@ -216,8 +223,8 @@ def speedups(runs: list[dict], side: str, config: str, category: str | None, end
     def tps(x: dict) -> float:
         return x["n_tokens"] / (x["seconds"] + (x["prefill_seconds"] if end_to_end else 0.0))
     plain = {(x["prompt"], x["round"]): x for x in runs if x["side"] == side and x["config"] == "none"}
-    return [tps(x) / tps(plain[x["prompt"], x["round"]]) for x in runs
-            if x["side"] == side and x["config"] == config and (category is None or x["category"] == category)]
+    return [tps(x) / tps(plain[x["prompt"], x["round"]]) for x in runs if x["side"] == side
+            and x["config"] == config and (category is None or x["category"] == category)]
 
 
 def pooled_tps(runs, side, config, category) -> float:
@@ -246,7 +253,8 @@ def report(record: dict, backend: str, model: str, opts: dict) -> str:
              "Speedup over plain decoding of the same checkout, pooled over the category's runs "
              "(decoding: the target's prompt prefill left out, the draft's in); in brackets the paired "
              "per-run ratios' range; tokens/s of plain decoding beside.", "",
-             "| category | plain tok/s before / after | " + " | ".join(f"{d} before | {d} after" for d in drafts) + " |",
+             "| category | plain tok/s before / after | "
+             + " | ".join(f"{d} before | {d} after" for d in drafts) + " |",
              "|---|---:|" + "---:|" * (2 * len(drafts))]
     for cat in cats:
         cells = [f"{pooled_tps(runs, s, 'none', cat):.1f}" for s in ("before", "after")]
@@ -281,12 +289,13 @@ def report(record: dict, backend: str, model: str, opts: dict) -> str:
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "### Greedy output equal to plain decoding's (same checkout, prompt and round)", ""]
     for s in ("before", "after"):
-        plain = {(x["prompt"], x["round"]): x["token_ids"] for x in runs if x["side"] == s and x["config"] == "none"}
-        diff = sorted({f"{x['config']} on {x['prompt']}" for x in runs if x["side"] == s and x["config"] != "none"
-                       and x["token_ids"] != plain[x["prompt"], x["round"]]})
-        total = sum(1 for x in runs if x["side"] == s and x["config"] != "none")
-        lines.append(f"- {s}: {total - sum(1 for x in runs if x['side'] == s and x['config'] != 'none' and x['token_ids'] != plain[x['prompt'], x['round']])} of {total} runs identical"
-                     + (f"; differ: {', '.join(diff)}" if diff else ""))
+        mine = [x for x in runs if x["side"] == s]
+        plain = {(x["prompt"], x["round"]): x["token_ids"] for x in mine if x["config"] == "none"}
+        spec = [x for x in mine if x["config"] != "none"]
+        differ = [x for x in spec if x["token_ids"] != plain[x["prompt"], x["round"]]]
+        names = sorted({f"{x['config']} on {x['prompt']}" for x in differ})
+        lines.append(f"- {s}: {len(spec) - len(differ)} of {len(spec)} runs identical"
+                     + (f"; differ: {', '.join(names)}" if names else ""))
     return "\n".join(lines) + "\n"
 
 

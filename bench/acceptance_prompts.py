@@ -20,8 +20,8 @@ from pathlib import Path
 from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.advise.rank import rank_configurations
-from specmac.compare.results import provenance, write_json
 from specmac.compare.prompts import advise_prompts, read_prompts
+from specmac.compare.results import provenance, write_json
 from specmac.core.sampling import SamplingParams
 
 HERE = Path(__file__).resolve().parent

@@ -29,9 +29,9 @@ from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 from specmac.advise.rank import rank_configurations
 from specmac.backends import load_backend, missing_requirements
 from specmac.compare.measure import AUTO, Loaded, PairSpec, Settings, aggregate, measure
+from specmac.compare.prompts import advise_prompts, read_prompts
 from specmac.compare.results import provenance, write_json
 from specmac.core.drafters import Drafter, ModelDrafter, NgramDrafter
-from specmac.compare.prompts import advise_prompts, read_prompts
 from specmac.core.sampling import SamplingParams
 from specmac.probes import probe_parallelism
 

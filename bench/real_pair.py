@@ -27,8 +27,8 @@ from models import QWEN_05B_GGUF, QWEN_05B_HF, QWEN_15B_GGUF, add_models_dir
 from specmac.backends import load_backend
 from specmac.compare.measure import PLAIN, Config, Loaded, PairSpec, Settings, aggregate, measure
 from specmac.compare.results import provenance, write_json
-from specmac.core.drafters import load_drafter
 from specmac.core.sampling import SamplingParams
+from specmac.core.sources import load_sources
 
 PROMPTS = ["def quicksort(xs):", "# Read a CSV file and print the mean of each column\nimport csv\n"]
 
@@ -42,7 +42,7 @@ def draft_source(name: str, models: Path, threads: int) -> tuple[Path, dict]:
 
 def measure_draft(loaded: Loaded, name: str, args: argparse.Namespace) -> dict:
     """Speculative (K = args.k) and target-only runs at T = 0 and T = 1, with compare's measuring."""
-    drafter = loaded.drafters[name]
+    (drafter,) = loaded.drafters[name]
     row = {"draft": name, "target": "gguf", "vocab_check": "compatible",
            "draft_info": drafter.backend.info(), "k": args.k}
     prompts = [{"id": f"p{i}", "text": t} for i, t in enumerate(PROMPTS)]
@@ -93,7 +93,7 @@ def main() -> None:
         model, options = draft_source(name, m, args.threads)
         # loaded one at a time (two fp32 0.5B drafts at once would double the memory); raises on a
         # vocabulary mismatch
-        drafter = load_drafter(name, str(model), options, target_vocab=target.vocab)
+        drafter = load_sources(name, str(model), options, target_vocab=target.vocab)
         records.append(measure_draft(Loaded({"gguf": target}, {name: drafter}), name, args))
         used.append(model)
         del drafter

@@ -1,4 +1,4 @@
-"""The hybrid on every backend pairing of the real pair: greedy output equal to plain decoding's.
+"""The lookup and a model on every backend pairing of the real pair: greedy output equal to plain decoding's.
 
     SPECMAC_CACHE=/path/kept flock /tmp/specmac-bench.lock python bench/real_pair_exact.py \
         --models-dir /work/models --out results/real_pair_exact
@@ -37,11 +37,11 @@ from models import QWEN_05B_GGUF, add_models_dir
 
 from specmac.api import Pair
 from specmac.backends import load_backend
-from specmac.compare.results import provenance, write_json
-from specmac.core.drafters import ModelDrafter, PlainDecoding
-from specmac.core.hybrid import NONE, HybridDrafter
-from specmac.core.lookup import LookupDrafter
 from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
+from specmac.compare.results import provenance, write_json
+from specmac.core.drafters import ModelDrafter
+from specmac.core.lookup import LookupDrafter
+from specmac.core.planner import Planner
 from specmac.core.sampling import SamplingParams
 from specmac.lossless.greedy import diagnose
 
@@ -49,15 +49,18 @@ TARGET_F16 = "qwen2.5-coder-1.5b-instruct-f16.gguf"
 GREEDY = SamplingParams(0.0)
 
 
-class ModelFirst(HybridDrafter):
-    """The hybrid whose model drafts every step its lookup does not (``K = 4m``): where the costs
+class ModelFirst(Planner):
+    """A planner whose model drafts every step the lookup does not (``K = 4m``): where the costs
     would choose a plain step (on these targets, most steps outside a copy), the model drafts K.
-    Which source drafts does not change what the target keeps, so this checks the model half and
-    the switching between the halves on every pairing, where the costs would rarely start it."""
+    Which source drafts does not change what the target accepts, so this checks the model and the
+    switching between the sources on every pairing, where the costs would rarely start it."""
 
-    def choose(self, behind, k, n_lookup, lookup_kind):
-        source, width = super().choose(behind, k, n_lookup, lookup_kind)
-        return (self.model_source, k) if source == NONE and k else (source, width)
+    def choose(self, record, offers, behind, room):
+        source, width = super().choose(record, offers, behind, room)
+        model = next(iter(behind), None)
+        if source is None and model is not None and room:
+            return model, min(self.k, room)
+        return source, width
 
 
 def report(args, runs: list[dict], chosen: list[dict], target_file: Path, draft_file: Path) -> list[str]:
@@ -69,7 +72,8 @@ def report(args, runs: list[dict], chosen: list[dict], target_file: Path, draft_
                                            "runs": runs})
     checked = [r for r in runs if r["draft"] != "none"]
     same = sum(r["same"] for r in checked)
-    lines = ["# The hybrid on every backend pairing of the real pair: greedy output against plain", "",
+    lines = ["# The lookup and a model on every backend pairing of the real pair: greedy output against "
+             "plain", "",
              f"`{command}`", "",
              f"Qwen2.5-Coder 1.5B `{TARGET_F16}` as the target (gguf as it is; torch and mlx: specmac's fp32 "
              f"conversion of it), the 0.5B `{QWEN_05B_GGUF}` as the hybrid's model (fp32 conversion on torch "
@@ -115,8 +119,7 @@ def check_target(args, tname: str, chosen: list[dict], target_file: Path, draft_
     ids = {p["id"]: target.encode(target.apply_chat_template(p.get("messages") or p["text"])) for p in chosen}
     plain = {}
     for p in chosen:
-        g = Pair(target, PlainDecoding()).generate(ids[p["id"]], params=GREEDY, k=1,
-                                                   max_tokens=args.max_tokens)
+        g = Pair(target).generate(ids[p["id"]], params=GREEDY, k=1, max_tokens=args.max_tokens)
         plain[p["id"]] = g.token_ids
         runs.append({"target": tname, "draft": "none", "k": None, "prompt": p["id"], "same": True,
                      "n_tokens": len(g.token_ids), "tokens_per_second": g.stats.tokens_per_second})
@@ -127,9 +130,10 @@ def check_target(args, tname: str, chosen: list[dict], target_file: Path, draft_
         for k in args.ks.split(","):
             for p in chosen:
                 model.trim(0)
-                kind = ModelFirst if k.endswith("m") else HybridDrafter
-                pair = Pair(target, kind(LookupDrafter(), model, name=f"lookup+{dname}"))
+                pair = Pair(target, [LookupDrafter(), model])
                 kk = k if k == "auto" else int(k.rstrip("m"))
+                if k.endswith("m"):
+                    kk = ModelFirst(pair.sources, k=int(k.rstrip("m")))
                 g = pair.generate(ids[p["id"]], params=GREEDY, k=kk, max_tokens=args.max_tokens)
                 s = g.stats.to_dict()
                 row = {"target": tname, "draft": f"lookup+{dname}", "k": k, "prompt": p["id"],
@@ -138,7 +142,6 @@ def check_target(args, tname: str, chosen: list[dict], target_file: Path, draft_
                        "steps_by_source": s["steps_by_source"], "tokens_per_second": s["tokens_per_second"]}
                 if not row["same"] and not args.plant:  # where and why: a near-tie flip, or a bug
                     model.trim(0)
-                    pair.drafter.trim(0)
                     row["parting"] = diagnose(pair, ids[p["id"]], k=kk, max_tokens=args.max_tokens)
                 runs.append(row)
                 print(f"  {tname} lookup+{dname} k={k} {p['id']}: same={row['same']} "

@@ -2,6 +2,8 @@
 
     python bench/replay.py                       # results/replay/README.md (every curve recorded)
     PYTHONPATH=OTHER_CHECKOUT python bench/replay.py --out DIR   # the same replay of another checkout
+    python bench/replay.py record --models-dir M --target-model M/TARGET [--target-backend torch \
+        --target-opt dtype=bfloat16] --texts results/replay/texts_NAME.json    # record a target's texts
 
 A greedy run's text does not depend on the draft, so what the drafters would propose, and how much
 the target would accept, can be replayed over the plain output. The recorded texts
@@ -41,9 +43,12 @@ CURVES = Path("results/probes_wide")
 # target -> (T(n) record, the draft's pass as a share of the target's one-token pass, texts)
 TARGETS = {"q4-epyc": ("gguf Q4_K_M, AMD EPYC", "qwen1.5b-gguf-q4_k_m-n33.json", 0.76, "texts.json"),
            "f16-epyc": ("gguf F16, AMD EPYC", "qwen1.5b-gguf-f16-n33.json", 0.27, "texts_f16.json"),
-           "bf16-epyc": ("torch bf16, AMD EPYC", "qwen1.5b-torch-bf16-n33.json", 0.10, "texts_torch_bf16.json"),
-           "q4-xeon": ("gguf Q4_K_M, Intel Xeon AMX", "qwen1.5b-gguf-q4_k_m-xeon-amx-n33.json", 0.47, "texts.json"),
-           "f16-xeon": ("gguf F16, Intel Xeon AMX", "qwen1.5b-gguf-f16-xeon-amx-n33.json", 0.27, "texts_f16.json"),
+           "bf16-epyc": ("torch bf16, AMD EPYC", "qwen1.5b-torch-bf16-n33.json", 0.10,
+                         "texts_torch_bf16.json"),
+           "q4-xeon": ("gguf Q4_K_M, Intel Xeon AMX", "qwen1.5b-gguf-q4_k_m-xeon-amx-n33.json", 0.47,
+                       "texts.json"),
+           "f16-xeon": ("gguf F16, Intel Xeon AMX", "qwen1.5b-gguf-f16-xeon-amx-n33.json", 0.27,
+                        "texts_f16.json"),
            "bf16-xeon": ("torch bf16, Intel Xeon AMX", "qwen1.5b-torch-bf16-xeon-amx-n33.json", 0.23,
                          "texts_torch_bf16.json")}
 DRAFTS = ["model", "ngram", "lookup", "hybrid"]
@@ -105,14 +110,17 @@ def sources(kind: str, draft):
         from specmac.core.drafters import ModelDrafter, NgramDrafter
         from specmac.core.lookup import LookupDrafter
 
-        return {"plain": lambda: [], "model": lambda: [ModelDrafter(draft)], "ngram": lambda: [NgramDrafter()],
+        return {"plain": lambda: [], "model": lambda: [ModelDrafter(draft)],
+                "ngram": lambda: [NgramDrafter()],
                 "lookup": lambda: [LookupDrafter()],
                 "hybrid": lambda: [LookupDrafter(), ModelDrafter(draft)]}[kind]()
-    from specmac.core.drafters import ModelDrafter, NgramDrafter, PlainDecoding
     from specmac.core.hybrid import HybridDrafter
+
+    from specmac.core.drafters import ModelDrafter, NgramDrafter, PlainDecoding
     from specmac.core.lookup import LookupDrafter
 
-    return {"plain": lambda: PlainDecoding(), "model": lambda: ModelDrafter(draft), "ngram": lambda: NgramDrafter(),
+    return {"plain": lambda: PlainDecoding(), "model": lambda: ModelDrafter(draft),
+            "ngram": lambda: NgramDrafter(),
             "lookup": lambda: LookupDrafter(),
             "hybrid": lambda: HybridDrafter(LookupDrafter(), ModelDrafter(draft), "lookup+replay")}[kind]()
 
@@ -168,14 +176,66 @@ def replay_text(x: dict, vocab: Vocab, eos: int, curve: list[float], t_draft: fl
     return out
 
 
+def record(models_dir: Path, out: Path, target_model: str, backend: str = "gguf",
+           options: dict | None = None) -> None:
+    """For every prompt of the packaged workload (through the chat template): the target's greedy
+    output (96 new tokens, 256 for a code edit) and the 0.5B draft's greedy guess of every output
+    token given the text before it (one teacher-forced pass)."""
+    from specmac.api import Pair
+    from specmac.backends import load_backend
+    from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
+    from specmac.compare.results import provenance
+
+    draft_model = models_dir / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    pair = Pair.load(backend, "none", target_model=target_model, target_options=options)
+    draft = load_backend("gguf", str(draft_model), None, role="draft")
+    texts = []
+    for p in read_prompts(PACKAGED_WORKLOAD, turns="all"):
+        ids = pair.target.encode(pair.target.apply_chat_template(p.get("messages") or p["text"]))
+        n = 256 if p["category"] == "code_editing" else 96
+        output = [int(t) for t in pair.generate(ids, params=SamplingParams(0.0), k=1, max_tokens=n).token_ids]
+        full, guesses = ids + output, []
+        draft.reset()
+        draft.prefill(full[:len(ids) - 1])
+        for i in range(len(ids) - 1, len(full) - 1, 64):  # guess j is output[j]'s, given ids + output[:j]
+            guesses += [int(t) for t in np.argmax(draft.score(full[i:min(i + 64, len(full) - 1)]), axis=1)]
+        texts.append({"id": p["id"], "category": p["category"], "prompt": ids, "output": output,
+                      "draft_guess": guesses})
+        print(p["id"], len(ids), len(output), file=sys.stderr, flush=True)
+    out.write_text(json.dumps({"provenance": provenance(None, [target_model, draft_model]), "texts": texts}))
+
+
+def checkout(path: Path) -> str:
+    """The replayed checkout's commit, and whether its tree held changes not committed."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "specmac")
+    return git("rev-parse", "--short", "HEAD") + (" with uncommitted changes to specmac/" if dirty else "")
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["record"]:
+        ap = argparse.ArgumentParser(description=record.__doc__.split("\n")[0])
+        ap.add_argument("record")
+        ap.add_argument("--models-dir", type=Path, required=True)
+        ap.add_argument("--target-model", required=True)
+        ap.add_argument("--target-backend", default="gguf")
+        ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE")
+        ap.add_argument("--texts", type=Path, required=True, help="the JSON file to write")
+        a = ap.parse_args(argv)
+        return record(a.models_dir, a.texts, a.target_model, a.target_backend,
+                      dict(o.split("=", 1) for o in a.target_opt) or None)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT, help="folder for results.json and README.md")
     ap.add_argument("--prefill-ms", type=float, default=5.0, help="the draft's prefill, ms a token")
     ap.add_argument("--targets", default="all", help="comma-separated names of TARGETS (default all)")
     a = ap.parse_args(argv)
     names = list(TARGETS) if a.targets == "all" else a.targets.split(",")
-    record = {"checkout": str(Path(specmac.__file__).parent.parent), "prefill_ms": a.prefill_ms, "targets": {}}
+    rec = {"checkout": checkout(Path(specmac.__file__).parent.parent), "prefill_ms": a.prefill_ms, "targets": {}}
     for name in names:
         title, curve_file, share, texts_file = TARGETS[name]
         curve = [ms / 1e3 for ms in json.loads((CURVES / curve_file).read_text())["batched_ms"]]
@@ -183,11 +243,11 @@ def main(argv: list[str] | None = None) -> None:
         patch_costs(curve, share * curve[0], a.prefill_ms / 1e3)
         rows = {x["id"]: {"category": x["category"], **replay_text(x, vocab, eos, curve, share * curve[0],
                                                                   a.prefill_ms / 1e3)} for x in texts}
-        record["targets"][title] = rows
+        rec["targets"][title] = rows
         print(name, file=sys.stderr, flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "results.json").write_text(json.dumps(record, indent=1))
-    (a.out / "README.md").write_text(report(record, " ".join(["python", "bench/replay.py", *(argv or sys.argv[1:])])))
+    (a.out / "results.json").write_text(json.dumps(rec, indent=1))
+    (a.out / "README.md").write_text(report(rec, " ".join(["python", "bench/replay.py", *argv])))
     print((a.out / "README.md").read_text())
 
 

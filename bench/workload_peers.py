@@ -33,10 +33,10 @@ from peers import HFGenerate, LlamaGenerate
 
 from specmac.api import Pair
 from specmac.compare.measure import rotated
-from specmac.compare.results import provenance, write_json
-from specmac.core.drafters import load_drafter
 from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
+from specmac.compare.results import provenance, write_json
 from specmac.core.sampling import SamplingParams
+from specmac.core.sources import load_sources
 
 GREEDY = SamplingParams(0.0)
 
@@ -56,8 +56,8 @@ def configurations(args, target: str, draft: str, topts: dict) -> tuple[dict, ob
     tb = args.target_backend
     plain = Pair.load(tb, None, target_model=target, target_options=topts)
     vocab = plain.target.vocab
-    lookup = Pair(plain.target, load_drafter("lookup", target_vocab=vocab))
-    hybrid = Pair(plain.target, load_drafter("lookup+gguf", draft, target_vocab=vocab))
+    lookup = Pair(plain.target, load_sources("lookup", target_vocab=vocab))
+    hybrid = Pair(plain.target, load_sources("lookup+gguf", draft, target_vocab=vocab))
     out = {"specmac plain": specmac_run(plain.plain(), 1),
            "specmac lookup (K auto)": specmac_run(lookup, "auto"),
            "specmac lookup+gguf (K auto)": specmac_run(hybrid, "auto")}

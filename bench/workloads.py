@@ -36,9 +36,9 @@ from specmac.compare.categories import (
     plain_step_ratio,
 )
 from specmac.compare.measure import PLAIN, Settings, aggregate, load_models, measure, parse_ks, parse_pairs
+from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
 from specmac.compare.results import _pyplot, provenance, save_figure, write_json
 from specmac.compare.settings import AUTO, Config
-from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
 from specmac.core.sampling import SamplingParams
 
 DRAFTS = ["gguf", "ngram", "lookup", "lookup+gguf"]
