@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--targets", default="all", help="comma-separated names of TARGETS (default all)")
     a = ap.parse_args(argv)
     names = list(TARGETS) if a.targets == "all" else a.targets.split(",")
-    rec = {"checkout": checkout(Path(specmac.__file__).parent.parent), "prefill_ms": a.prefill_ms, "targets": {}}
+    here = checkout(Path(specmac.__file__).parent.parent)
+    rec = {"checkout": here, "prefill_ms": a.prefill_ms, "targets": {}}
     for name in names:
         title, curve_file, share, texts_file = TARGETS[name]
         curve = [ms / 1e3 for ms in json.loads((CURVES / curve_file).read_text())["batched_ms"]]
