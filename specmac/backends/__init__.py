@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from specmac.backends.held import Saved, appends, cuts, restores
 from specmac.backends.interrupt import import_held
 from specmac.errors import (
     BackendNotInstalled,
@@ -131,8 +132,28 @@ class BaseBackend:
     * ``prefill``, ``reset`` and ``sync`` have defaults below.
 
     ``check_tokens`` holds the checks every backend makes before a pass, so that a bad id or an
-    overflowing context is the same error on every backend.
+    overflowing context is the same error on every backend. ``held`` is the token ids the cache
+    holds, kept in step by the base class around every pass, rewind and reset a subclass defines
+    (so a plugin has it too): a new prompt reuses the prefix its backend already holds.
     """
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        for name in ("score", "prefill"):
+            if name in cls.__dict__:
+                setattr(cls, name, appends(cls.__dict__[name]))
+        for name in ("rewind", "reset"):
+            if name in cls.__dict__:
+                setattr(cls, name, cuts(cls.__dict__[name]))
+        if "restore" in cls.__dict__:
+            cls.restore = restores(cls.__dict__["restore"])
+
+    @property
+    def held(self) -> list[int] | None:
+        """The token ids in the cache (read only); None where a change outside the contract's calls
+        made it unknown, until the next reset."""
+        held = self.__dict__.get("_held", [] if self.n_past == 0 else None)
+        return held if held is not None and len(held) == self.n_past else None
 
     name: ClassVar[str] = ""
     library: ClassVar[str] = ""  # distribution whose version results record
@@ -147,6 +168,9 @@ class BaseBackend:
     converted_formats: ClassVar[tuple[str, ...]] = ()
     # plain decoding is usually the fastest here: advise lets such a backend write its reference text
     fast_plain: ClassVar[bool] = False
+    # the cache can be saved and restored (``save``, ``restore``): a conversation's state is kept
+    # while another's is served; a backend without it keeps only the sequence it holds
+    can_save: ClassVar[bool] = False
     _threads: Any = None  # a threads.Fitter where the CPU thread count is fitted to the load
 
     @property
@@ -196,6 +220,14 @@ class BaseBackend:
             raise ContextOverflow(f"{self.n_past + len(ids)} tokens exceed the context window "
                                   f"n_ctx={self.n_ctx}: shorten the prompt or raise n_ctx", param="n_ctx")
         return ids
+
+    def save(self) -> Saved:
+        """The cache now (``held`` known): a copy its later changes leave alone (``can_save``)."""
+        raise NotImplementedError(f"the {self.name} backend cannot save its cache")
+
+    def restore(self, saved: Saved) -> None:
+        """Put back a cache this backend saved, in place of its own; ``saved`` can be restored again."""
+        raise NotImplementedError(f"the {self.name} backend cannot restore a cache")
 
     def check_rewind(self, n_past: int) -> None:
         if not 0 <= n_past <= self.n_past:
@@ -261,6 +293,23 @@ class BaseBackend:
         return {"backend": self.name, "model": self.model_id, "library": self.library,
                 "library_version": library_version(self.library), "n_ctx": self.n_ctx,
                 "options": dict(getattr(self, "resolved", {})), "vocab": self.vocab.to_dict()}
+
+    def identity(self) -> dict:
+        """What this backend's passes and caches depend on: the backend, its model (and the model
+        files' size and mtime), its options, its library's version."""
+        from specmac.backends.conversion.cache import signature  # noqa: I001  (it imports this module)
+        info = {k: v for k, v in self.info().items() if k != "vocab"}
+        model = Path(str(info.get("model") or ""))
+        if model.exists():
+            info["file"] = signature(model)
+        return info
+
+    def write_state(self, saved: Saved, stem: Path) -> Path:
+        """Write a saved cache to ``stem`` + the backend's suffix, no pickle; -> the file written."""
+        raise NotImplementedError(f"the {self.name} backend cannot write its cache")
+
+    def read_state(self, path: Path, tokens: Sequence[int]) -> Saved:
+        raise NotImplementedError(f"the {self.name} backend cannot read a cache")  # write_state's, back
 
 
 def chat_messages(prompt: str | Sequence[dict]) -> list[dict]:

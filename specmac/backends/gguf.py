@@ -20,7 +20,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, chat_messages
+from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, Saved, chat_messages
 from specmac.backends import threads as cpu_threads
 from specmac.backends.gguf_files import (  # noqa: F401  (the backend's files, and its face for callers)
     ALL_LAYERS,
@@ -252,6 +252,40 @@ class GGUFBackend(BaseBackend):
                 return rc
             # the signal's handler returned instead of raising (a server's SIGTERM drains the
             # requests in flight): this decode is still wanted
+
+    can_save = True
+
+    def save(self) -> Saved:
+        """The sequence's state as llama.cpp serialises it (its cells of the KV cache)."""
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, 0)
+        if n == 0 and self._n_past:
+            raise RuntimeError(f"llama.cpp cannot save the state of a sequence of {self._n_past} tokens")
+        return Saved(tuple(self.held or ()), bytes(buf)[:n], n)
+
+    def restore(self, saved: Saved) -> None:
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        self._n_past = 0
+        if not saved.tokens:
+            return
+        data = saved.state
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        with captured_log() as log:
+            n = llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), 0)
+        if n == 0:
+            raise SpecmacError(f"llama.cpp cannot restore a saved sequence of {len(saved.tokens)} tokens "
+                               f"({first_error(log)})")
+        self._n_past = len(saved.tokens)
+
+    def write_state(self, saved: Saved, stem: Path) -> Path:
+        path = stem.with_suffix(".llama-state")
+        path.write_bytes(saved.state)
+        return path
+
+    def read_state(self, path: Path, tokens: Sequence[int]) -> Saved:
+        data = path.read_bytes()
+        return Saved(tuple(tokens), data, len(data))
 
     def rewind(self, n_past: int) -> None:
         self.check_rewind(n_past)

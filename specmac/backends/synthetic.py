@@ -12,10 +12,11 @@ from __future__ import annotations
 import string
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
-from specmac.backends import MAX_CTX, BaseBackend, Option
+from specmac.backends import MAX_CTX, BaseBackend, Option, Saved
 from specmac.errors import BadOption
 from specmac.vocab import Vocab
 
@@ -106,6 +107,22 @@ class SyntheticBackend(BaseBackend):
     def rewind(self, n_past: int) -> None:
         self.check_rewind(n_past)
         del self.tokens[n_past:]
+
+    can_save = True
+
+    def save(self) -> Saved:
+        return Saved(tuple(self.tokens), None, 8 * len(self.tokens))  # its state is its tokens
+
+    def restore(self, saved: Saved) -> None:
+        self.tokens = list(saved.tokens)
+
+    def write_state(self, saved: Saved, stem: Path) -> Path:
+        path = stem.with_suffix(".none")
+        path.write_bytes(b"")  # nothing beyond the tokens, which the store keeps itself
+        return path
+
+    def read_state(self, path: Path, tokens: Sequence[int]) -> Saved:
+        return Saved(tuple(tokens), None, 8 * len(tokens))
 
     def encode(self, text: str) -> list[int]:
         # characters outside the alphabet fold onto it, so any prompt is accepted

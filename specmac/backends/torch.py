@@ -7,6 +7,7 @@ numpy rows, one per appended token.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.utils import logging as hf_logging
 
-from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, hf
+from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, Saved, hf
 from specmac.backends import threads as cpu_threads
 from specmac.errors import BadOption, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
@@ -140,6 +141,40 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
 
     def reset(self) -> None:
         self.rewind(0)
+
+    can_save = True
+
+    def save(self) -> Saved:
+        """A copy of the past keys and values (a DynamicCache, cropped in place as the run goes)."""
+        layers = self.cache.layers if self.cache is not None else []
+        nbytes = sum(t.numel() * t.element_size() for layer in layers
+                     for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
+        return Saved(tuple(self.held or ()), copy.deepcopy(self.cache), nbytes)
+
+    def restore(self, saved: Saved) -> None:
+        self.cache = copy.deepcopy(saved.state)
+        self._n_past = len(saved.tokens)
+
+    def write_state(self, saved: Saved, stem: Path) -> Path:
+        from safetensors.torch import save_file
+
+        layers = saved.state.layers if saved.state is not None else []
+        tensors = {f"{i}.{part}": getattr(layer, part).contiguous() for i, layer in enumerate(layers)
+                   for part in ("keys", "values") if getattr(layer, part, None) is not None}
+        path = stem.with_suffix(".safetensors")
+        save_file(tensors, str(path))
+        return path
+
+    def read_state(self, path: Path, tokens: Sequence[int]) -> Saved:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path), device=str(self.device))
+        cache = new_cache(self.model) if tokens else None
+        n = 0
+        while f"{n}.keys" in tensors:
+            cache.update(tensors[f"{n}.keys"], tensors[f"{n}.values"], n)
+            n += 1
+        return Saved(tuple(tokens), cache, sum(t.numel() * t.element_size() for t in tensors.values()))
 
     def sync(self) -> None:
         synchronize(self.device)

@@ -64,6 +64,11 @@ class LookupDrafter(Drafter):
                     del self.ends[m][key]
         del self.tokens[n:]
 
+    def begin(self, seq: Sequence[int]) -> None:
+        """Keep the index of the prompt's prefix this lookup already indexed (a conversation's
+        earlier turns): it is extended, not rebuilt."""
+        self.trim(common_prefix(self.tokens, seq, len(seq)))
+
     def _sync(self, seq: Sequence[int]) -> None:
         """Index exactly seq: append what is new (the loop only appends between trims)."""
         m = len(self.tokens)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specmac.backends import BaseBackend
-from specmac.core.drafters import Drafter, OneHotRows
+from specmac.core.drafters import Drafter, OneHotRows, common_prefix
 from specmac.core.planner import K_DEFAULT, Planner
 from specmac.core.rejection import AcceptRule, accept_greedy, accept_sampled
 from specmac.core.sampling import GumbelNoise, PerturbedRows, SamplingParams, WarpedRows
@@ -44,6 +44,7 @@ class Event:
     finish_reason: str | None = None  # eos | length | context, on the last event
     t_prefill: float = 0.0  # prompt processing, on the first event
     n_passes: int = 1  # target passes this step made
+    n_cached: int = 0  # tokens of the prompt the target already held (on the first event)
     source: str = "none"  # the source that drafted this step (its name), "none" for a step without drafts
 
 
@@ -61,14 +62,16 @@ def speculative_steps(target: BaseBackend, planner: Planner | Sequence[Drafter],
                       params: SamplingParams, max_tokens: int, rng: np.random.Generator,
                       rule: AcceptRule | None = None, seed: int | None = None,
                       noise: Callable[[int, int], GumbelNoise] | None = None,
-                      clock: Callable[[], float] = time.perf_counter) -> Iterator[Event]:
+                      clock: Callable[[], float] = time.perf_counter, reuse: bool = True) -> Iterator[Event]:
     """Generate up to max_tokens tokens after ``prompt`` (EOS is not emitted). ``planner`` chooses
     each step's source (of its ``sources``) and width; a list of sources is planned with
     ``K_DEFAULT`` drafts a step (none: plain decoding). ``rule`` replaces
     the rejection rule (tests plant wrong rules here); it reads rows as ``params`` decides.
     The coupled sampler keys its noise by ``seed`` (drawn from ``rng`` when None); ``noise``,
     (seed, n_vocab) -> GumbelNoise, replaces its noise (tests plant wrong noise here). ``clock``
-    times the steps (a replay on recorded costs gives a simulated one)."""
+    times the steps (a replay on recorded costs gives a simulated one). With ``reuse`` the target and
+    the sources keep what they hold of the prompt (a conversation's earlier turns: the target
+    processes only the rest); without it every cache starts empty."""
     clock_fn = clock
     if not isinstance(planner, Planner):
         planner = Planner(planner, k=K_DEFAULT)
@@ -93,20 +96,25 @@ def speculative_steps(target: BaseBackend, planner: Planner | Sequence[Drafter],
                                   f"{sources[i].backend.n_ctx}: shorten it or raise the draft's n_ctx",
                                   param="prompt")
     record = planner.record(max_tokens)
-    target.reset()
+    held = target.held if reuse else None
+    n_cached = common_prefix(held, seq, len(seq) - 1) if held is not None else 0
+    if held is None:  # not asked to reuse, or the cache was changed outside the contract
+        target.reset()
+    elif n_cached < target.n_past:
+        target.rewind(n_cached)
     for s in sources:
-        s.trim(0)
+        s.begin(seq if reuse else [])
     try:
         clock = _Clock(clock_fn)
-        if len(seq) > 1:
-            target.prefill(seq[:-1])
+        if len(seq) - 1 > n_cached:
+            target.prefill(seq[n_cached:-1])
         t_prefill = clock.lap()
         while n_out < max_tokens:
             room = target.n_ctx - len(seq)  # a step adds k + 1 rows to len(seq) - 1 cached
             if room < 0:
                 yield Event(tokens=[], kinds=[], k=0, n_drafted=0, n_accepted=0, t_draft=0.0,
                             t_target=0.0, t_other=0.0, finish_reason="context", t_prefill=t_prefill,
-                            n_passes=0)
+                            n_passes=0, n_cached=n_cached)
                 return
             kk = max(0, min(max_tokens - n_out - 1, room, *(sources[i].max_k(len(seq)) for i in models)))
             clock = _Clock(clock_fn)
@@ -157,8 +165,9 @@ def speculative_steps(target: BaseBackend, planner: Planner | Sequence[Drafter],
             t_other = t_rule + clock.lap()  # the rule, the rewinds and the planner's learning
             yield Event(tokens=new, kinds=kinds, k=len(drafts), n_drafted=len(drafts), n_accepted=a,
                         t_draft=t_draft, t_target=t_target, t_other=t_other, finish_reason=done,
-                        t_prefill=t_prefill, source=sources[src].name if drafts else "none")
-            t_prefill = 0.0
+                        t_prefill=t_prefill, source=sources[src].name if drafts else "none",
+                        n_cached=n_cached)
+            t_prefill, n_cached = 0.0, 0
             if done:
                 return
     finally:  # also on an exception, or a consumer that stops early: caches hold seq[:-1]

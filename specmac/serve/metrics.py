@@ -18,6 +18,20 @@ class Metrics:
         self.requests = Counter("specmac_requests", "Requests answered, by endpoint and HTTP status",
                                 ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("specmac_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.cached_tokens = Counter("specmac_cached_prompt_tokens",
+                                     "Prompt tokens the caches already held (not processed again)",
+                                     registry=r)
+        self.store_bytes = Gauge("specmac_store_bytes", "Bytes of the saved sequences kept in memory",
+                                 registry=r)
+        self.store_entries = Gauge("specmac_store_entries", "Saved sequences kept in memory", registry=r)
+        self.store_hits = Counter("specmac_store_hits", "Prompts that found their sequence in the store",
+                                  registry=r)
+        self.store_evictions = Counter("specmac_store_evictions",
+                                       "Saved sequences evicted to stay within the memory budget", registry=r)
+        self.ttft = Histogram("specmac_time_to_first_token_seconds",
+                              "Time from a generation request's arrival to its first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self._store_seen = {"hits": 0, "evictions": 0}
         self.generated = Counter("specmac_generated_tokens", "Tokens generated", registry=r)
         self.drafted = Counter("specmac_drafted_tokens", "Draft tokens proposed", registry=r)
         self.accepted = Counter("specmac_accepted_tokens", "Draft tokens accepted by the target", registry=r)
@@ -38,12 +52,21 @@ class Metrics:
         """One finished (or cancelled) generation's usage object."""
         spec, details = usage["speculative"], usage["completion_tokens_details"]
         self.prompt_tokens.inc(usage["prompt_tokens"])
+        self.cached_tokens.inc(usage["prompt_tokens_details"]["cached_tokens"])
         self.generated.inc(usage["completion_tokens"])
         self.drafted.inc(spec["drafted"])
         self.accepted.inc(spec["accepted"])
         self.passes.inc(spec["target_passes"])
         self.pred_accepted.inc(details["accepted_prediction_tokens"])
         self.pred_rejected.inc(details["rejected_prediction_tokens"])
+
+    def record_store(self, info: dict) -> None:
+        """The store after a generation (``SequenceStore.info``): its size now, hits and evictions since."""
+        self.store_bytes.set(info["bytes"])
+        self.store_entries.set(info["entries"])
+        self.store_hits.inc(info["hits"] - self._store_seen["hits"])
+        self.store_evictions.inc(info["evictions"] - self._store_seen["evictions"])
+        self._store_seen = {k: info[k] for k in self._store_seen}
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -147,6 +147,7 @@ class Worker:
             for event in steps:
                 if not started:
                     job.put("start", len(ids))
+                    self.metrics.ttft.observe(time.perf_counter() - job.t0)
                     started = True
                 stats.add(event)
                 piece = out.push(event.tokens, final=event.finish_reason is not None)
@@ -169,6 +170,8 @@ class Worker:
             steps.close()  # the loop's finally: both caches back in step
         usage = make_usage(len(ids), stats, k, predicted.usage() if predicted is not None else None)
         self.metrics.record_run(usage)
+        if self.pair.store is not None:
+            self.metrics.record_store(self.pair.store.info())
         job.put("done", finish or "length", usage)
 
 
@@ -177,6 +180,7 @@ def make_usage(n_prompt: int, stats: RunStats, k: int | str, prediction: dict | 
     d = prediction or {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
     return {"prompt_tokens": n_prompt, "completion_tokens": stats.n_tokens,
             "total_tokens": n_prompt + stats.n_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
             "completion_tokens_details": {"accepted_prediction_tokens": d["accepted_prediction_tokens"],
                                           "rejected_prediction_tokens": d["rejected_prediction_tokens"]},
             "speculative": {"drafted": stats.n_drafted, "accepted": stats.n_accepted,
