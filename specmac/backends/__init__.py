@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from specmac.backends.held import Saved, appends, cuts, restores
+from specmac.backends.held import Saved, appends, appends_many, cuts, restores
 from specmac.backends.interrupt import import_held
 from specmac.errors import (
     BackendNotInstalled,
@@ -142,6 +142,8 @@ class BaseBackend:
         for name in ("score", "prefill"):
             if name in cls.__dict__:
                 setattr(cls, name, appends(cls.__dict__[name]))
+        if "score_many" in cls.__dict__:
+            cls.score_many = appends_many(cls.__dict__["score_many"])
         for name in ("rewind", "reset"):
             if name in cls.__dict__:
                 setattr(cls, name, cuts(cls.__dict__[name]))
@@ -220,6 +222,26 @@ class BaseBackend:
             raise ContextOverflow(f"{self.n_past + len(ids)} tokens exceed the context window "
                                   f"n_ctx={self.n_ctx}: shorten the prompt or raise n_ctx", param="n_ctx")
         return ids
+
+    # --- several sequences at once (a server's requests, each in its own cache) -------------------
+    can_batch: ClassVar[bool] = False  # score_many scores its lanes' tokens in one pass
+
+    def lanes(self, n: int) -> list[BaseBackend]:
+        """Up to n sequences held at once, each with this contract (this backend first, the others
+        sharing its weights): fewer where it holds fewer (default itself alone). Asked once, before
+        use: a backend may make its cache anew to hold them."""
+        return [self]
+
+    def score_many(self, asks: Sequence[tuple[BaseBackend, Sequence[int], bool]]) -> list[np.ndarray | None]:
+        """Append tokens to several of its lanes (each at most once): per (lane, tokens, rows), the
+        logits at every appended position where ``rows``, else None (a prompt's tokens, kept in
+        the cache only). One pass where ``can_batch``; by default one lane after another."""
+        out: list[np.ndarray | None] = []
+        for lane, tokens, rows in asks:
+            out.append(lane.score(tokens) if rows else None)
+            if not rows:
+                lane.prefill(tokens)
+        return out
 
     def save(self) -> Saved:
         """The cache now (``held`` known): a copy its later changes leave alone (``can_save``)."""

@@ -41,6 +41,24 @@ def appends(fn: Callable) -> Callable:
     return pass_
 
 
+def appends_many(fn: Callable) -> Callable:
+    """A pass over several lanes (``score_many``): each lane's ``held`` gains what its cache gained."""
+    @functools.wraps(fn)
+    def pass_(self, asks, *a, **kw):
+        before = [(lane, lane.n_past, tokens) for lane, tokens, _ in asks]
+        try:
+            return fn(self, asks, *a, **kw)
+        finally:
+            for lane, n, tokens in before:
+                held = lane.__dict__.get("_held", [] if n == 0 else None)
+                if held is not None and len(held) == n and lane.n_past >= n:
+                    held.extend(int(t) for t in tokens[: lane.n_past - n])
+                    lane._held = held
+                else:
+                    lane._held = None
+    return pass_
+
+
 def cuts(fn: Callable) -> Callable:
     """A rewind or reset: ``held`` loses what the cache lost (known again once the cache is empty)."""
     @functools.wraps(fn)

@@ -136,6 +136,17 @@ class MLXBackend(hf.HFFolderMixin, BaseBackend):
         check_trimmable(self._cache)
         self._n_past = 0
 
+    def lanes(self, n: int) -> list[BaseBackend]:
+        """Sequences with their own caches on the same weights; scored one after another (mlx-lm's
+        batched caches place a sequence at shifted positions, which changes its rows)."""
+        out: list[BaseBackend] = [self]
+        for _ in range(1, n):
+            lane = copy.copy(self)
+            lane._held = []
+            lane.reset()
+            out.append(lane)
+        return out
+
     can_save = True
 
     def save(self) -> Saved:

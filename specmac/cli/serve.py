@@ -24,6 +24,9 @@ from specmac.cli.profile import profile_choice, profile_options
               help="Port (0: a free one, printed).")
 @click.option("--queue-size", type=click.IntRange(min=1), default=16, show_default=True, metavar="N",
               help="Requests that may wait for the worker; more get 503 with Retry-After.")
+@click.option("--parallel", "-np", type=click.IntRange(1, 64), default=4, show_default=True, metavar="N",
+              help="requests generated at once, each pass serving them all (continuous batching); their "
+                   "drafts share the pass's width. 1: one at a time")
 @click.option("--cache-ram", type=click.IntRange(min=0), default=None, metavar="MIB",
               help="Memory for the caches of conversations not being served, so each next turn "
                    "processes only its new tokens [default: a quarter of the available memory, at most "
@@ -38,8 +41,8 @@ from specmac.cli.profile import profile_choice, profile_options
               help="The model id clients send (default: the target file's name).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def serve(k_text, host, port, queue_size, cache_ram, cache_dir, api_key, model_name, log_level, profile_path,
-          precision, **kw):
+def serve(k_text, host, port, queue_size, parallel, cache_ram, cache_dir, api_key, model_name, log_level,
+          profile_path, precision, **kw):
     """Serve the pair over OpenAI's API: /v1/chat/completions, /v1/completions, /v1/models,
     /health and /metrics, with per-request "speculative" and "prediction" (Predicted Outputs).
 
@@ -98,7 +101,7 @@ def serve(k_text, host, port, queue_size, cache_ram, cache_dir, api_key, model_n
     if os.environ.get("SPECMAC_DEBUG") == "1":
         click.echo(json.dumps(config, default=str), err=True)
     sys.exit(server.serve(pair, sock, k=k, queue_size=queue_size, api_key=api_key, model_id=name,
-                          config=_public(config), log_level=log_level, planner=planner))
+                          config=_public(config), log_level=log_level, planner=planner, parallel=parallel))
 
 
 def _label(info: dict) -> str:

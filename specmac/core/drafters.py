@@ -58,6 +58,11 @@ class Drafter:
     def trim(self, n: int) -> None:
         """The committed sequence now holds only its first n tokens of what this source saw."""
 
+    def fork(self, backend: BaseBackend | None = None) -> Drafter:
+        """The same source for another sequence, holding nothing yet (a model's on ``backend``, a
+        lane of its model: ``BaseBackend.lanes``)."""
+        raise NotImplementedError(f"the {self.name} source cannot draft for several sequences")
+
     def info(self) -> dict:
         return {"drafter": self.name}
 
@@ -75,6 +80,9 @@ class ModelDrafter(Drafter):
     def __init__(self, backend: BaseBackend) -> None:
         self.backend = backend
         self.name = backend.name  # a model source is named by its backend (steps by source say "gguf")
+
+    def fork(self, backend: BaseBackend | None = None) -> ModelDrafter:
+        return ModelDrafter(backend or self.backend)
 
     def max_k(self, n_seq: int) -> int:
         return self.backend.n_ctx - n_seq + 1  # the cache ends holding seq + k - 1 tokens
@@ -143,6 +151,9 @@ class NgramDrafter(Drafter):
 
     def begin(self, seq: Sequence[int]) -> None:
         """Nothing held: each proposal searches the text as it is."""
+
+    def fork(self, backend: BaseBackend | None = None) -> NgramDrafter:
+        return NgramDrafter(self.max_ngram, self.min_ngram)
 
     def info(self) -> dict:
         return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}

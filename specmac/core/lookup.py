@@ -45,6 +45,9 @@ class LookupDrafter(Drafter):
         self.tokens: list[int] = []  # the text indexed
         self.ends: list[dict[tuple, list[int]]] = [{} for _ in range(max_match + 1)]  # [n] n-gram -> ends
 
+    def fork(self, backend=None) -> LookupDrafter:
+        return LookupDrafter(self.min_match, self.sure_match, self.max_match, self.agree, self.max_candidates)
+
     # --- the index ------------------------------------------------------------------------------
     def _extend(self, new: Sequence[int]) -> None:
         for t in new:

@@ -70,6 +70,7 @@ class Record:
         self.n_out = self.free_written = 0
         self.elapsed = self.lost = 0.0  # seconds decoded; seconds model steps lost against plain ones
         self.note = ""  # why a model was not started, where its prefill is what stopped it
+        self.owner: Planner | None = None  # the planner whose sources and K its steps take
 
     def survival(self, key: Key, m: int) -> np.ndarray:
         """[m + 1] S(j), j = 0..m: the chance that a proposal's first j drafts are all accepted.
@@ -183,6 +184,7 @@ class Planner:
     def record(self, max_tokens: int) -> Record:
         """A new sequence's record (it writes at most ``max_tokens``)."""
         self.last = Record(max_tokens, self.priors, self.decay)
+        self.last.owner = self
         return self.last
 
     # --- choosing ---------------------------------------------------------------------------------
@@ -202,8 +204,9 @@ class Planner:
 
     def plan(self, asks: Sequence[tuple[Record, Sequence[Offer], Mapping[int, int], int]]) -> list[Choice]:
         """Every active sequence's (source, width) for the next pass: the most expected tokens per
-        second over the pass (module docstring)."""
-        opts = [self._options(*ask) for ask in asks]
+        second over the pass (module docstring), on this planner's costs. Each sequence's options
+        are its own planner's (its record's owner: its sources and K, a request's prediction)."""
+        opts = [(ask[0].owner or self)._options(*ask) for ask in asks]
         pick = [0] * len(opts)
         for _ in range(3 if len(opts) > 1 else 1):
             moved = False
@@ -368,13 +371,15 @@ class Planner:
     # --- learning ---------------------------------------------------------------------------------
     def observe(self, record: Record, offers: Sequence[Offer], choice: Choice, drafts: Sequence[int],
                 committed: Sequence[int], behind: int, t_draft: float, t_step: float,
-                ext: Offer | None = None) -> None:
+                ext: Offer | None = None, timed: bool = True) -> None:
         """One step's outcome, reported once by the loop: the free sources' ``offers``, the
         ``choice`` and the ``drafts`` it verified (a model's followed by its extension ``ext``), the
         tokens the step ``committed``, how far the chosen model was ``behind``, and the seconds of
-        drafting and of the step's pass and rule."""
+        drafting and of the step's pass and rule. ``timed``: the pass was this sequence's alone, so
+        its seconds are the cost of its width (a shared pass's is told to ``observe_pass``)."""
         src = choice[0]
-        self.costs.observe(len(drafts) + 1, t_step)
+        if timed:
+            self.costs.observe(len(drafts) + 1, t_step)
         for i, proposal, kind in offers:
             record.learn((self.sources[i].name, kind), proposal, committed)
         accepted = common_prefix(drafts, committed, len(drafts))
@@ -390,6 +395,10 @@ class Planner:
         if src is not None and not free and self.k is None:  # what model steps lost against plain ones
             record.lost += t_draft + t_step - len(committed) * float(self.costs.curve()[1])
         record.advance(len(committed), accepted if free else 0)
+
+    def observe_pass(self, width: int, seconds: float) -> None:
+        """A pass shared by several sequences scored ``width`` tokens in ``seconds``."""
+        self.costs.observe(width, seconds)
 
     def info(self) -> dict:
         out = {"policy": self.label, "k": self.k, "costs": self.costs.info(), "settled": self.settled}
