@@ -32,7 +32,7 @@ FIT_EVERY_S = 1.0  # a run refits the backends' CPU threads to the load unless t
 REUSE_COSTS_S = 60.0  # k="auto" reuses the pair's costs (refined by its runs) if measured this recently
 # tokens a prompt must cut of the live sequence for it to be saved in the store (fewer: a chat
 # template's end of turn, cheaper to recompute than to copy the cache)
-SAVE_FROM = 32
+SAVE_FROM = 8
 
 
 @dataclass

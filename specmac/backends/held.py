@@ -28,10 +28,14 @@ def appends(fn: Callable) -> Callable:
     error what the backend kept), or becomes unknown where it was not in step before the pass."""
     @functools.wraps(fn)
     def pass_(self, tokens, *a, **kw):
+        if self.__dict__.get("_in_pass"):  # a subclass's pass calling its base's: the outer one counts
+            return fn(self, tokens, *a, **kw)
         before = self.n_past
+        self._in_pass = True
         try:
             return fn(self, tokens, *a, **kw)
         finally:
+            self._in_pass = False
             held = self.__dict__.get("_held", [] if before == 0 else None)
             if held is not None and len(held) == before and self.n_past >= before:
                 held.extend(int(t) for t in tokens[: self.n_past - before])
