@@ -49,10 +49,17 @@ def appends_many(fn: Callable) -> Callable:
     """A pass over several lanes (``score_many``): each lane's ``held`` gains what its cache gained."""
     @functools.wraps(fn)
     def pass_(self, asks, *a, **kw):
+        if self.__dict__.get("_in_pass"):
+            return fn(self, asks, *a, **kw)
         before = [(lane, lane.n_past, tokens) for lane, tokens, _ in asks]
+        outer = [lane for lane, _, _ in before if not lane.__dict__.get("_in_pass")]
+        for lane in {id(x): x for x in [self, *outer]}.values():
+            lane._in_pass = True  # a lane's own pass, called from this one, does not count twice
         try:
             return fn(self, asks, *a, **kw)
         finally:
+            for lane in {id(x): x for x in [self, *outer]}.values():
+                lane._in_pass = False
             for lane, n, tokens in before:
                 held = lane.__dict__.get("_held", [] if n == 0 else None)
                 if held is not None and len(held) == n and lane.n_past >= n:
