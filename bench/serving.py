@@ -215,7 +215,7 @@ def servers(a) -> dict[str, list[str]]:
            "specmac lookup+gguf": [*wide, *both],
            "specmac lookup+gguf, one at a time": [*spec, "--parallel", "1", *both]}
     if a.target_backend == "gguf":
-        here = str(ROOT / "bench" / "conversations.py")
+        here = str(Path(__file__).resolve())
         out["llama_cpp.server"] = [py, here, "--llama-server", target, "{port}"]
     else:
         dtype = dict(o.split("=", 1) for o in a.target_opt).get("dtype", "auto")

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, Saved, chat_messages
 from specmac.backends import threads as cpu_threads
@@ -46,6 +45,7 @@ from specmac.backends.gguf_files import (  # noqa: F401  (the backend's files, a
     requantize,
     resolve_model,
 )
+from specmac.backends.gguf_seq import chat_text, decodes, fill, get_state, release, set_state
 from specmac.backends.interrupt import held_signals
 from specmac.errors import BadOption, BadTokens, SpecmacError
 from specmac.vocab import Vocab
@@ -108,7 +108,7 @@ class GGUFBackend(BaseBackend):
         # self, so the callback keeps no backend alive; freed with the context it is set on
         self._stop: list = [()]
         self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data, stop=self._stop: bool(stop[0]))
-        self._finalizer = weakref.finalize(self, _release, self._model, self._ctx, self._batch,
+        self._finalizer = weakref.finalize(self, release, self._model, self._ctx, self._batch,
                                            self._abort_cb)
         self._cold = True
         self._mem = llama_cpp.llama_get_memory(self._ctx)
@@ -260,26 +260,15 @@ class GGUFBackend(BaseBackend):
 
     def save(self) -> Saved:
         """The sequence's state as llama.cpp serialises it (its cells of the KV cache)."""
-        size = llama_cpp.llama_state_seq_get_size(self._ctx, self._seq)
-        buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, self._seq)
-        if n == 0 and self._n_past:
-            raise RuntimeError(f"llama.cpp cannot save the state of a sequence of {self._n_past} tokens")
-        return Saved(tuple(self.held or ()), bytes(buf)[:n], n)
+        state = get_state(self._ctx, self._seq, self._n_past)
+        return Saved(tuple(self.held or ()), state, len(state))
 
     def restore(self, saved: Saved) -> None:
         llama_cpp.llama_memory_seq_rm(self._mem, self._seq, -1, -1)
         self._n_past = 0
-        if not saved.tokens:
-            return
-        data = saved.state
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        with captured_log() as log:
-            n = llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), self._seq)
-        if n == 0:
-            raise SpecmacError(f"llama.cpp cannot restore a saved sequence of {len(saved.tokens)} tokens "
-                               f"({first_error(log)})")
-        self._n_past = len(saved.tokens)
+        if saved.tokens:
+            set_state(self._ctx, self._seq, saved.state, len(saved.tokens))
+            self._n_past = len(saved.tokens)
 
     def write_state(self, saved: Saved, stem: Path) -> Path:
         path = stem.with_suffix(".llama-state")
@@ -327,7 +316,7 @@ class GGUFBackend(BaseBackend):
         with captured_log():  # llama.cpp reports the buffers it frees
             llama_cpp.llama_free(self._ctx)
         self._ctx, self._mem, self._n_seq = ctx, llama_cpp.llama_get_memory(ctx), n_seq
-        self._finalizer = weakref.finalize(self, _release, self._model, ctx, self._batch, self._abort_cb)
+        self._finalizer = weakref.finalize(self, release, self._model, ctx, self._batch, self._abort_cb)
         self._n_past, self._held, self._cold = 0, [], True
 
     def score_many(self, asks):
@@ -339,30 +328,16 @@ class GGUFBackend(BaseBackend):
             raise ValueError("score_many: a lane appears twice in one pass")
         out: list = [None] * len(work)
         parts: dict[int, list[np.ndarray]] = {j: [] for j, _, _, rows in work if rows}
-        batch: list[tuple[int, GGUFBackend, list[int], bool]] = []
-        room = self._n_batch
-        for j, lane, tokens, rows in work:
-            for i in range(0, len(tokens), self._n_batch):
-                piece = tokens[i : i + self._n_batch]
-                if len(piece) > room:
-                    self._decode_many(batch, parts)
-                    batch, room = [], self._n_batch
-                batch.append((j, lane, piece, rows))
-                room -= len(piece)
-        if batch:
+        for batch in decodes(work, self._n_batch):
             self._decode_many(batch, parts)
         for j, rows in parts.items():
             out[j] = rows[0] if len(rows) == 1 else np.concatenate(rows)
         return out
 
     def _decode_many(self, batch, parts: dict[int, list[np.ndarray]]) -> None:
-        b, n = self._batch, 0
-        for _, lane, piece, rows in batch:
-            for i, t in enumerate(piece):
-                b.token[n], b.pos[n], b.n_seq_id[n], b.seq_id[n][0] = t, lane._n_past + i, 1, lane._seq
-                b.logits[n] = rows
-                n += 1
-        b.n_tokens = n
+        b = self._batch
+        n = fill(b, batch)
+
         def decode() -> int:
             return llama_cpp.llama_decode(self._ctx, b)
         rc = self._threads.timed(decode) if self._threads else decode()
@@ -414,29 +389,11 @@ class GGUFBackend(BaseBackend):
         if not template:
             raise SpecmacError("chat: this GGUF has no tokenizer.chat_template: give the prompt without one",
                                param="chat")
-        tb = self.vocab.token_bytes
-        bos = tb[self.vocab.bos_id].decode(errors="replace") if self.vocab.bos_id is not None else ""
         eos_id = llama_cpp.llama_vocab_eos(self._vocab_p)
-        eos = tb[eos_id].decode(errors="replace") if eos_id >= 0 else ""
-        fmt = Jinja2ChatFormatter(template.decode(), eos_token=eos, bos_token=bos)
-        text = fmt(messages=chat_messages(prompt)).prompt
-        if self._add_bos and bos and text.startswith(bos):
-            text = text[len(bos):]  # encode adds BOS itself
-        return text
+        return chat_text(template.decode(), self.vocab, eos_id, self._add_bos, chat_messages(prompt))
 
 
 _NO_ABORT = llama_cpp.ggml_abort_callback(0)  # NULL: llama.cpp's default, nothing checked
-
-
-def _release(model, ctx, batch, _abort_cb) -> None:  # the callback lives as long as the context
-    with captured_log():  # llama.cpp reports buffer sizes as it frees them
-        _free(model, ctx, batch)
-
-
-def _free(model, ctx, batch) -> None:
-    llama_cpp.llama_batch_free(batch)
-    llama_cpp.llama_free(ctx)
-    llama_cpp.llama_model_free(model)
 
 
 llama_cpp.llama_backend_init()  # once, on the first import (as Llama does); idempotent in llama.cpp

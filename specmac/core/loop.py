@@ -186,7 +186,7 @@ class Stream:
 
     def take(self, logits: np.ndarray, *, t_pass: float | None = None, n_batch: int = 1) -> Event:
         """The pass's rows for this stream's tokens -> the step's event. ``t_pass``: the seconds of
-        a pass shared with other streams (the caller reports its cost, ``Planner.observe_pass``);
+        a pass shared with other streams (the caller reports its cost, ``Costs.observe``);
         None: the pass was this stream's alone, timed since ``draft`` and reported here."""
         ask, choice, drafts, q, ext, step, t_draft = self._step
         if t_pass is None:
@@ -320,5 +320,5 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
     for i, n in fills:
         streams[i].prefilled(n, t)
     if not fills:  # a pass of steps alone: what it cost at its width refines the planner's costs
-        planner.observe_pass(sum(len(tokens) for _, tokens, _ in items), t)
+        planner.costs.observe(sum(len(tokens) for _, tokens, _ in items), t)
     return out

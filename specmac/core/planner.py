@@ -63,14 +63,14 @@ class Record:
     how many of them free sources' accepted drafts wrote."""
 
     def __init__(self, max_tokens: int, priors: Mapping[Key, tuple[float, float, bool]],
-                 decay: float) -> None:
+                 decay: float, owner: Planner | None = None) -> None:
         self.max_tokens, self.priors, self.decay = max_tokens, priors, decay
+        self.owner = owner  # the planner whose sources and K its steps take
         self.reached: dict[Key, np.ndarray] = {}
         self.accepted: dict[Key, np.ndarray] = {}
         self.n_out = self.free_written = 0
         self.elapsed = self.lost = 0.0  # seconds decoded; seconds model steps lost against plain ones
         self.note = ""  # why a model was not started, where its prefill is what stopped it
-        self.owner: Planner | None = None  # the planner whose sources and K its steps take
 
     def survival(self, key: Key, m: int) -> np.ndarray:
         """[m + 1] S(j), j = 0..m: the chance that a proposal's first j drafts are all accepted.
@@ -182,9 +182,8 @@ class Planner:
         return "auto" if self.k is None else "fixed"
 
     def record(self, max_tokens: int) -> Record:
-        """A new sequence's record (it writes at most ``max_tokens``)."""
-        self.last = Record(max_tokens, self.priors, self.decay)
-        self.last.owner = self
+        """A new sequence's record (it writes at most ``max_tokens``), owned by this planner."""
+        self.last = Record(max_tokens, self.priors, self.decay, self)
         return self.last
 
     # --- choosing ---------------------------------------------------------------------------------
@@ -204,8 +203,7 @@ class Planner:
 
     def plan(self, asks: Sequence[tuple[Record, Sequence[Offer], Mapping[int, int], int]]) -> list[Choice]:
         """Every active sequence's (source, width) for the next pass: the most expected tokens per
-        second over the pass (module docstring), on this planner's costs. Each sequence's options
-        are its own planner's (its record's owner: its sources and K, a request's prediction)."""
+        second over the pass (module docstring); each sequence's options its record owner's."""
         opts = [(ask[0].owner or self)._options(*ask) for ask in asks]
         pick = [0] * len(opts)
         for _ in range(3 if len(opts) > 1 else 1):
@@ -375,8 +373,7 @@ class Planner:
         """One step's outcome, reported once by the loop: the free sources' ``offers``, the
         ``choice`` and the ``drafts`` it verified (a model's followed by its extension ``ext``), the
         tokens the step ``committed``, how far the chosen model was ``behind``, and the seconds of
-        drafting and of the step's pass and rule. ``timed``: the pass was this sequence's alone, so
-        its seconds are the cost of its width (a shared pass's is told to ``observe_pass``)."""
+        drafting and of the step's pass and rule; ``timed``: the pass was this sequence's alone."""
         src = choice[0]
         if timed:
             self.costs.observe(len(drafts) + 1, t_step)
@@ -395,10 +392,6 @@ class Planner:
         if src is not None and not free and self.k is None:  # what model steps lost against plain ones
             record.lost += t_draft + t_step - len(committed) * float(self.costs.curve()[1])
         record.advance(len(committed), accepted if free else 0)
-
-    def observe_pass(self, width: int, seconds: float) -> None:
-        """A pass shared by several sequences scored ``width`` tokens in ``seconds``."""
-        self.costs.observe(width, seconds)
 
     def info(self) -> dict:
         out = {"policy": self.label, "k": self.k, "costs": self.costs.info(), "settled": self.settled}

@@ -41,11 +41,13 @@ def rss_mib() -> float:
 def ask_all(url: str, bodies: list[dict]) -> list[str]:
     """The requests sent at once, one client thread each; -> their texts, in order."""
     out: list = [None] * len(bodies)
+    clients = [openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120) for _ in bodies]
+    start = threading.Barrier(len(bodies))  # sent together: a client made late would come alone
 
     def one(i: int) -> None:
-        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
         try:
-            out[i] = client.completions.create(**bodies[i]).choices[0].text
+            start.wait(60)
+            out[i] = clients[i].completions.create(**bodies[i]).choices[0].text
         except BaseException as e:  # noqa: BLE001 (reported below)
             out[i] = e
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
