@@ -16,8 +16,8 @@ import numpy as np
 
 from specmac.backends import BaseBackend, load_backend
 from specmac.core.costs import K_LIMIT, K_MAX, K_MODEL
-from specmac.core.drafters import Drafter
-from specmac.core.loop import Event, speculative_steps
+from specmac.core.drafters import Drafter, common_prefix
+from specmac.core.loop import Event, Stream, speculative_steps
 from specmac.core.planner import K_DEFAULT, Planner
 from specmac.core.prediction import PredictionDrafter
 from specmac.core.rejection import AcceptRule
@@ -25,10 +25,14 @@ from specmac.core.runstats import RunStats
 from specmac.core.sampling import SamplingParams
 from specmac.core.sources import check_draft_args, load_sources
 from specmac.errors import BadOption
+from specmac.store import Entry, SequenceStore
 
 MAX_TOKENS = 128  # tokens a run writes unless told otherwise
 FIT_EVERY_S = 1.0  # a run refits the backends' CPU threads to the load unless the last fit is this recent
 REUSE_COSTS_S = 60.0  # k="auto" reuses the pair's costs (refined by its runs) if measured this recently
+# tokens a prompt must cut of the live sequence for it to be saved in the store (fewer: a chat
+# template's end of turn, cheaper to recompute than to copy the cache)
+SAVE_FROM = 8
 
 
 @dataclass
@@ -47,16 +51,36 @@ class Generation:
         return out
 
 
-class Pair:
-    """A target backend and its draft sources (none, a model on any backend, prompt lookup, or both)."""
+@dataclass
+class Lane:
+    """One sequence a pair holds among several (``Pair.lanes``): a lane of the target and the
+    pair's sources for it (each draft model on a lane of its own)."""
 
-    def __init__(self, target: BaseBackend, sources: Drafter | Sequence[Drafter] = ()) -> None:
-        self.target = target
+    target: BaseBackend
+    sources: list[Drafter]
+    used: float = 0.0  # when a generation last started on it (time.monotonic)
+
+    def backends(self) -> dict[str, BaseBackend]:
+        """The backends whose caches make up the sequence: "target", then each draft model's name."""
+        return {"target": self.target, **{s.name: s.backend for s in self.sources
+                                          if s.backend is not None and s.backend is not self.target}}
+
+
+class Pair:
+    """A target backend and its draft sources (none, a model on any backend, prompt lookup, or both).
+    Consecutive generations reuse what the caches hold of the next prompt; with a ``store``
+    (``specmac.store.SequenceStore``) several conversations do, each its own."""
+
+    def __init__(self, target: BaseBackend, sources: Drafter | Sequence[Drafter] = (),
+                 store: SequenceStore | None = None) -> None:
+        self.target, self.store = target, store
         self.sources = [sources] if isinstance(sources, Drafter) else list(sources)
         self.threads: dict[str, str] = {}  # role -> the CPU threads the last fit chose, and why
         self._fitted_at = -FIT_EVERY_S
         # k="auto": (width, drafts, threads) -> (when measured, its costs, where they are kept)
         self._auto: dict[tuple, tuple[float, Any, Any]] = {}
+        self._lanes: list[Lane] = []
+        self._asked = 0  # the lanes asked for when they were made (fewer were made: all it can hold)
 
     @property
     def drafts(self) -> dict[str, BaseBackend]:
@@ -98,7 +122,49 @@ class Pair:
 
     def plain(self) -> Pair:
         """The same target with no sources: plain decoding."""
-        return Pair(self.target)
+        return Pair(self.target, store=self.store)
+
+    def lanes(self, n: int) -> list[Lane]:
+        """Up to n sequences held at once, each a lane of the target with the pair's sources forked
+        for it (the first is the pair's own): as many as the target can score in one pass
+        (``BaseBackend.can_batch``; one where it cannot) and every draft model can hold. Made
+        anew (a backend may make its cache anew) where more are asked for than were made before,
+        which ends those; else the same lanes again."""
+        if len(self._lanes) < n and (not self._lanes or len(self._lanes) == self._asked):
+            targets = self.target.lanes(n) if self.target.can_batch and n > 1 else [self.target]
+            drafts = {name: b.lanes(len(targets)) if len(targets) > 1 else [b]
+                      for name, b in self.drafts.items()}
+            m = min([len(targets), *(len(d) for d in drafts.values())])
+            self._lanes = [Lane(targets[i], [s if i == 0 else s.fork(drafts[s.name][i] if s.backend else None)
+                                             for s in self.sources]) for i in range(m)]
+            self._asked = n
+        return self._lanes[:n]
+
+    def _switch(self, ids: Sequence[int], lane: Lane | None = None) -> None:
+        """Before a generation on ``ids`` (on ``lane``, default the pair's own sequence): the
+        sequence it holds (target and draft models) is saved in the store where the prompt would
+        cut ``SAVE_FROM`` tokens or more of it (another conversation), and a sequence of the store
+        that shares more of ``ids`` is restored in its place."""
+        lane = lane or Lane(self.target, self.sources)
+        backends = lane.backends()
+        if self.store is None or not all(b.can_save for b in backends.values()):
+            return
+        target = lane.target
+        held = target.held
+        live = common_prefix(held, ids, len(ids) - 1) if held is not None else 0
+        found = self.store.best(ids)
+        better = found is not None and min(found[1], len(ids) - 1) > live
+        if held and (better or len(held) - live >= SAVE_FROM):
+            saved = {r: b.save() for r, b in backends.items() if b.held is not None}
+            self.store.put(Entry(tuple(held), saved))
+        if not better:
+            return
+        entry = self.store.take(found[0])
+        for role, b in backends.items():
+            if role in entry.saved:
+                b.restore(entry.saved[role])
+            else:
+                b.reset()
 
     @property
     def speculative(self) -> bool:
@@ -160,24 +226,47 @@ class Pair:
                                 param="prediction")
         return PredictionDrafter(ids)
 
+    def start(self, lane: Lane, ids: Sequence[int], *, params: SamplingParams, max_tokens: int,
+              k: int | str | Planner, seed: int, prediction: PredictionDrafter | None = None) -> Stream:
+        """A generation on ``lane`` (``lanes``) that the caller steps, with others sharing its passes
+        (``specmac.core.loop.pass_streams``): as ``stream``, its prompt's held prefix reused. The
+        caller settles a prediction's counts and the planner's kept costs as ``stream`` does."""
+        check_max_tokens(max_tokens)
+        check_seed(seed)
+        self.fit_threads()
+        planner = self._planner_for(k, prediction)
+        self._switch(ids, lane)
+        lane.used = time.monotonic()
+        by_name = {s.name: s for s in lane.sources}
+        sources = [by_name.get(s.name, s) for s in planner.sources]  # the lane's own, in the planner's order
+        return Stream(lane.target, planner, ids, sources=sources, params=params, max_tokens=max_tokens,
+                      rng=np.random.default_rng(seed), seed=seed)
+
     def stream(self, prompt: str | Sequence[int], *, params: SamplingParams | None = None,
                max_tokens: int = MAX_TOKENS, k: int | str | Planner = K_DEFAULT, seed: int = 0,
                rule: AcceptRule | None = None, noise: Callable | None = None,
-               prediction: str | Sequence[int] | PredictionDrafter | None = None) -> Iterator[Event]:
+               prediction: str | Sequence[int] | PredictionDrafter | None = None,
+               reuse: bool = True) -> Iterator[Event]:
         """k: drafts per step, "auto" (chosen every step by the planner), or a ``Planner``. Under
         ``params.sampler == "coupled"`` the text depends on ``seed`` alone, whatever the sources
         and K. prediction: text (or ids) expected back, drafted from where the output reaches it;
-        pass a ``prediction_drafter`` to read its accepted/rejected counts afterwards. ``rule`` and
-        ``noise`` plant wrong variants (tests)."""
+        pass a ``prediction_drafter`` to read its accepted/rejected counts afterwards. ``reuse``
+        (default): the target and the draft keep what they already hold of the prompt, so a
+        conversation's next turn processes only its new tokens (``RunStats.cached_tokens``); False
+        starts every cache empty. ``rule`` and ``noise`` plant wrong variants (tests)."""
         check_max_tokens(max_tokens)
         check_seed(seed)
         self.fit_threads()
         if prediction is not None and not isinstance(prediction, PredictionDrafter):
             prediction = self.prediction_drafter(prediction)
         planner = self._planner_for(k, prediction)
-        steps = speculative_steps(self.target, planner, self.encode(prompt),
+        ids = self.encode(prompt)
+        if reuse:
+            self._switch(ids)
+        steps = speculative_steps(self.target, planner, ids,
                                   params=params or SamplingParams(), max_tokens=max_tokens,
-                                  rng=np.random.default_rng(seed), rule=rule, seed=seed, noise=noise)
+                                  rng=np.random.default_rng(seed), rule=rule, seed=seed, noise=noise,
+                                  reuse=reuse)
         return _settled(steps, planner, prediction)
 
     def generate(self, prompt: str | Sequence[int], **kw) -> Generation:

@@ -24,7 +24,7 @@ LAYERS = {
     "probes": ("measurement", 4), "advise": ("measurement", 4), "compare": ("measurement", 4),
     "lossless": ("measurement", 4),
     "api": ("api", 3),
-    "tuning": ("tuning", 2.5),
+    "tuning": ("tuning", 2.5), "store": ("store", 2.5),
     "core": ("core", 2),
     "backends": ("backends", 1),
     "errors": ("types", 0), "vocab": ("types", 0), "files": ("types", 0), "assets": ("types", 0),

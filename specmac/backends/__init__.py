@@ -12,16 +12,16 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
-import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from specmac.backends.held import Saved, appends, appends_many, cuts, restores
 from specmac.backends.interrupt import import_held
+from specmac.backends.options import Option  # noqa: F401  (part of the contract's face)
 from specmac.errors import (
     BackendNotInstalled,
     BadOption,
@@ -62,62 +62,6 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
 # crash (SIGSEGV) on absurd counts
 MAX_THREADS = 4 * (os.cpu_count() or 1)
 MAX_CTX = 1 << 20  # no context window beyond this is ever allocated
-TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}
-
-
-@dataclass(frozen=True)
-class Option:
-    """A backend option (``options={"key": value}``; on the command line ``--draft-opt key=value``);
-    type is int, float, str or bool. ``lo``/``hi`` bound numbers (inclusive); floats are finite.
-    A value given as a string is parsed; any other value must already have the type (no bools for
-    numbers, no fractions for ints). None keeps the default."""
-
-    type: type
-    default: Any
-    help: str
-    choices: tuple | None = None
-    lo: float | None = None
-    hi: float | None = None
-
-    def parse(self, key: str, raw: Any) -> Any:
-        if raw is None:
-            return self.default
-        value = self._parse_text(key, raw) if isinstance(raw, str) else self._check_type(key, raw)
-        if self.type is float and not math.isfinite(value):
-            raise BadOption(f"option {key}={raw!r} is not a finite number: {self.help}")
-        if self.type in (int, float) and ((self.lo is not None and value < self.lo)
-                                          or (self.hi is not None and value > self.hi)):
-            raise BadOption(f"option {key}={value!r} is out of range: "
-                            f"use {_bound(self.lo)}..{_bound(self.hi)}")
-        if self.choices is not None and value not in self.choices:
-            raise BadOption(f"option {key}={value!r} is not one of {', '.join(map(str, self.choices))}")
-        return value
-
-    def _parse_text(self, key: str, raw: str) -> Any:
-        if self.type is bool:
-            if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise BadOption(f"option {key}={raw!r} is not a boolean: use true or false")
-            return raw.lower() in ("1", "true", "yes", "on")
-        try:
-            return self.type(raw)
-        except ValueError:
-            raise BadOption(f"option {key}={raw!r} is not a valid {self.type.__name__}: "
-                            f"{self.help}") from None
-
-    def _check_type(self, key: str, raw: Any) -> Any:
-        ok = {bool: (bool, np.bool_), int: (int, np.integer), float: (int, float, np.integer, np.floating),
-              str: (str,)}.get(self.type, (self.type,))
-        if isinstance(raw, ok) and (self.type in (bool, str) or not isinstance(raw, (bool, np.bool_))):
-            return self.type(raw)
-        raise BadOption(f"option {key}={raw!r} is a {type(raw).__name__}, not {TYPE_NAMES[self.type]}: "
-                        f"{self.help}")
-
-
-def _bound(b: float | None) -> str:
-    if b is None:
-        return ""
-    return "2**63-1" if b == 2**63 - 1 else str(int(b)) if float(b).is_integer() else f"{b:g}"
-
 
 class BaseBackend:
     """The contract between the core and a model, and its shared plumbing.
@@ -131,8 +75,30 @@ class BaseBackend:
     * ``prefill``, ``reset`` and ``sync`` have defaults below.
 
     ``check_tokens`` holds the checks every backend makes before a pass, so that a bad id or an
-    overflowing context is the same error on every backend.
+    overflowing context is the same error on every backend. ``held`` is the token ids the cache
+    holds, kept in step by the base class around every pass, rewind and reset a subclass defines
+    (so a plugin has it too): a new prompt reuses the prefix its backend already holds.
     """
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        for name in ("score", "prefill"):
+            if name in cls.__dict__:
+                setattr(cls, name, appends(cls.__dict__[name]))
+        if "score_many" in cls.__dict__:
+            cls.score_many = appends_many(cls.__dict__["score_many"])
+        for name in ("rewind", "reset"):
+            if name in cls.__dict__:
+                setattr(cls, name, cuts(cls.__dict__[name]))
+        if "restore" in cls.__dict__:
+            cls.restore = restores(cls.__dict__["restore"])
+
+    @property
+    def held(self) -> list[int] | None:
+        """The token ids in the cache (read only); None where a change outside the contract's calls
+        made it unknown, until the next reset."""
+        held = self.__dict__.get("_held", [] if self.n_past == 0 else None)
+        return held if held is not None and len(held) == self.n_past else None
 
     name: ClassVar[str] = ""
     library: ClassVar[str] = ""  # distribution whose version results record
@@ -147,6 +113,9 @@ class BaseBackend:
     converted_formats: ClassVar[tuple[str, ...]] = ()
     # plain decoding is usually the fastest here: advise lets such a backend write its reference text
     fast_plain: ClassVar[bool] = False
+    # the cache can be saved and restored (``save``, ``restore``): a conversation's state is kept
+    # while another's is served; a backend without it keeps only the sequence it holds
+    can_save: ClassVar[bool] = False
     _threads: Any = None  # a threads.Fitter where the CPU thread count is fitted to the load
 
     @property
@@ -196,6 +165,34 @@ class BaseBackend:
             raise ContextOverflow(f"{self.n_past + len(ids)} tokens exceed the context window "
                                   f"n_ctx={self.n_ctx}: shorten the prompt or raise n_ctx", param="n_ctx")
         return ids
+
+    # --- several sequences at once (a server's requests, each in its own cache) -------------------
+    can_batch: ClassVar[bool] = False  # score_many scores its lanes' tokens in one pass
+
+    def lanes(self, n: int) -> list[BaseBackend]:
+        """Up to n sequences held at once, each with this contract (this backend first, the others
+        sharing its weights): fewer where it holds fewer (default itself alone). Asked once, before
+        use: a backend may make its cache anew to hold them."""
+        return [self]
+
+    def score_many(self, asks: Sequence[tuple[BaseBackend, Sequence[int], bool]]) -> list[np.ndarray | None]:
+        """Append tokens to several of its lanes (each at most once): per (lane, tokens, rows), the
+        logits at every appended position where ``rows``, else None (a prompt's tokens, kept in
+        the cache only). One pass where ``can_batch``; by default one lane after another."""
+        out: list[np.ndarray | None] = []
+        for lane, tokens, rows in asks:
+            out.append(lane.score(tokens) if rows else None)
+            if not rows:
+                lane.prefill(tokens)
+        return out
+
+    def save(self) -> Saved:
+        """The cache now (``held`` known): a copy its later changes leave alone (``can_save``)."""
+        raise NotImplementedError(f"the {self.name} backend cannot save its cache")
+
+    def restore(self, saved: Saved) -> None:
+        """Put back a cache this backend saved, in place of its own; ``saved`` can be restored again."""
+        raise NotImplementedError(f"the {self.name} backend cannot restore a cache")
 
     def check_rewind(self, n_past: int) -> None:
         if not 0 <= n_past <= self.n_past:
@@ -261,6 +258,23 @@ class BaseBackend:
         return {"backend": self.name, "model": self.model_id, "library": self.library,
                 "library_version": library_version(self.library), "n_ctx": self.n_ctx,
                 "options": dict(getattr(self, "resolved", {})), "vocab": self.vocab.to_dict()}
+
+    def identity(self) -> dict:
+        """What this backend's passes and caches depend on: the backend, its model (and the model
+        files' size and mtime), its options, its library's version."""
+        from specmac.backends.conversion.cache import signature  # noqa: I001  (it imports this module)
+        info = {k: v for k, v in self.info().items() if k != "vocab"}
+        model = Path(str(info.get("model") or ""))
+        if model.exists():
+            info["file"] = signature(model)
+        return info
+
+    def write_state(self, saved: Saved, stem: Path) -> Path:
+        """Write a saved cache to ``stem`` + the backend's suffix, no pickle; -> the file written."""
+        raise NotImplementedError(f"the {self.name} backend cannot write its cache")
+
+    def read_state(self, path: Path, tokens: Sequence[int]) -> Saved:
+        raise NotImplementedError(f"the {self.name} backend cannot read a cache")  # write_state's, back
 
 
 def chat_messages(prompt: str | Sequence[dict]) -> list[dict]:

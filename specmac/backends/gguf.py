@@ -10,6 +10,7 @@ through llama.cpp's abort callback; the cache is put back as it was and the sign
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import threading
 import weakref
@@ -18,9 +19,8 @@ from pathlib import Path
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, chat_messages
+from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, Saved, chat_messages
 from specmac.backends import threads as cpu_threads
 from specmac.backends.gguf_files import (  # noqa: F401  (the backend's files, and its face for callers)
     ALL_LAYERS,
@@ -45,6 +45,7 @@ from specmac.backends.gguf_files import (  # noqa: F401  (the backend's files, a
     requantize,
     resolve_model,
 )
+from specmac.backends.gguf_seq import chat_text, decodes, fill, get_state, release, set_state
 from specmac.backends.interrupt import held_signals
 from specmac.errors import BadOption, BadTokens, SpecmacError
 from specmac.vocab import Vocab
@@ -107,7 +108,7 @@ class GGUFBackend(BaseBackend):
         # self, so the callback keeps no backend alive; freed with the context it is set on
         self._stop: list = [()]
         self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data, stop=self._stop: bool(stop[0]))
-        self._finalizer = weakref.finalize(self, _release, self._model, self._ctx, self._batch,
+        self._finalizer = weakref.finalize(self, release, self._model, self._ctx, self._batch,
                                            self._abort_cb)
         self._cold = True
         self._mem = llama_cpp.llama_get_memory(self._ctx)
@@ -116,6 +117,7 @@ class GGUFBackend(BaseBackend):
         self._n_batch = n_batch
         self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab_p))
         self._n_past = 0
+        self._seq, self._n_seq = 0, 1  # this lane's sequence id; the sequences the context holds
         self.resolved = {"path": path, "n_ctx": self.n_ctx, "n_ctx_train": n_train,
                          "n_threads": threads, "n_threads_batch": threads, "n_batch": n_batch,
                          "n_ubatch": n_batch, "n_gpu_layers": ngl, "flash_attn": flash,
@@ -126,11 +128,12 @@ class GGUFBackend(BaseBackend):
         if converted:
             self.resolved["source_sha256"] = converted["source_sha256"]
 
-    def _new_context(self, path: str, n_ctx: int, n_batch: int, threads: int, flash: str):
+    def _new_context(self, path: str, n_ctx: int, n_batch: int, threads: int, flash: str, n_seq: int = 1):
         """-> the llama_context and the flash attention state ("on", "off"; "auto" if llama.cpp
-        did not say what auto chose)."""
+        did not say what auto chose). ``n_seq`` sequences share one cache of n_ctx cells."""
         p = llama_cpp.llama_context_default_params()
-        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_batch, n_batch, 1
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_batch, n_batch, n_seq
+        p.kv_unified = n_seq > 1
         p.n_threads = p.n_threads_batch = threads  # same threads, so batched vs serial timings compare
         p.flash_attn_type = FLASH_ATTN[flash]
         with captured_log() as log, held_signals() as pending:
@@ -209,7 +212,7 @@ class GGUFBackend(BaseBackend):
         """One llama_decode; -> float32 [n_out, n_logits], n_out = len(tokens) or 1."""
         b, n = self._batch, len(tokens)
         for i, t in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, self._n_past + i, 1, 0
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, self._n_past + i, 1, self._seq
             b.logits[i] = all_logits or i == n - 1
         b.n_tokens = n
         long = n >= ABORTABLE_TOKENS or self._cold
@@ -218,7 +221,7 @@ class GGUFBackend(BaseBackend):
             return self._decode_abortable(b) if long else llama_cpp.llama_decode(self._ctx, b)
         rc = self._threads.timed(decode) if self._threads else decode()
         if rc != 0:
-            llama_cpp.llama_memory_seq_rm(self._mem, 0, self._n_past, -1)  # what its ubatches left
+            llama_cpp.llama_memory_seq_rm(self._mem, self._seq, self._n_past, -1)  # what its ubatches left
             raise RuntimeError(f"llama_decode failed with status {rc} at n_past={self._n_past}")
         self._n_past += n
         self._cold = False
@@ -243,9 +246,9 @@ class GGUFBackend(BaseBackend):
                     self._stop[0] = ()
                     llama_cpp.llama_set_abort_callback(self._ctx, _NO_ABORT, None)
                 if pending:  # stopped, or done as the signal came: as if never called
-                    llama_cpp.llama_memory_seq_rm(self._mem, 0, self._n_past, -1)
+                    llama_cpp.llama_memory_seq_rm(self._mem, self._seq, self._n_past, -1)
                 elif rc != 0:
-                    llama_cpp.llama_memory_seq_rm(self._mem, 0, self._n_past, -1)
+                    llama_cpp.llama_memory_seq_rm(self._mem, self._seq, self._n_past, -1)
                     raise RuntimeError(f"llama_decode failed with status {rc} at n_past={self._n_past} "
                                        f"({first_error(log)})")
             if not pending:
@@ -253,15 +256,105 @@ class GGUFBackend(BaseBackend):
             # the signal's handler returned instead of raising (a server's SIGTERM drains the
             # requests in flight): this decode is still wanted
 
+    can_save = True
+
+    def save(self) -> Saved:
+        """The sequence's state as llama.cpp serialises it (its cells of the KV cache)."""
+        state = get_state(self._ctx, self._seq, self._n_past)
+        return Saved(tuple(self.held or ()), state, len(state))
+
+    def restore(self, saved: Saved) -> None:
+        llama_cpp.llama_memory_seq_rm(self._mem, self._seq, -1, -1)
+        self._n_past = 0
+        if saved.tokens:
+            set_state(self._ctx, self._seq, saved.state, len(saved.tokens))
+            self._n_past = len(saved.tokens)
+
+    def write_state(self, saved: Saved, stem: Path) -> Path:
+        path = stem.with_suffix(".llama-state")
+        path.write_bytes(saved.state)
+        return path
+
+    def read_state(self, path: Path, tokens: Sequence[int]) -> Saved:
+        data = path.read_bytes()
+        return Saved(tuple(tokens), data, len(data))
+
     def rewind(self, n_past: int) -> None:
         self.check_rewind(n_past)
-        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n_past, -1):
+        if not llama_cpp.llama_memory_seq_rm(self._mem, self._seq, n_past, -1):
             raise RuntimeError(f"llama.cpp cannot truncate this model's cache to {n_past} (recurrent?)")
         self._n_past = n_past
 
     def reset(self) -> None:
-        llama_cpp.llama_memory_clear(self._mem, True)
+        if self._n_seq == 1:
+            llama_cpp.llama_memory_clear(self._mem, True)
+        else:  # the other lanes' sequences stay
+            llama_cpp.llama_memory_seq_rm(self._mem, self._seq, -1, -1)
         self._n_past = 0
+
+    # --- several sequences: lanes of one context, scored together in one llama_decode ------------
+    can_batch = True
+
+    def lanes(self, n: int) -> list[BaseBackend]:
+        """n sequences of one context (llama.cpp's ``n_seq_max``, one unified cache of n x n_ctx
+        cells, each sequence up to n_ctx): the context is made anew where it holds fewer, its
+        cache forgotten."""
+        if n > self._n_seq:
+            self._remake(n)
+        out: list[BaseBackend] = [self]
+        for i in range(1, n):
+            lane = copy.copy(self)  # the model, context and batch are this backend's (and freed with it)
+            lane._seq, lane._n_past, lane._held, lane._cold = i, 0, [], True
+            out.append(lane)
+        return out
+
+    def _remake(self, n_seq: int) -> None:
+        r = self.resolved
+        ctx, _ = self._new_context(r["path"], self.n_ctx * n_seq, self._n_batch, r["n_threads"],
+                                   r["flash_attn"] if r["flash_attn"] in FLASH_ATTN else "auto", n_seq)
+        self._finalizer.detach()
+        with captured_log():  # llama.cpp reports the buffers it frees
+            llama_cpp.llama_free(self._ctx)
+        self._ctx, self._mem, self._n_seq = ctx, llama_cpp.llama_get_memory(ctx), n_seq
+        self._finalizer = weakref.finalize(self, release, self._model, ctx, self._batch, self._abort_cb)
+        self._n_past, self._held, self._cold = 0, [], True
+
+    def score_many(self, asks):
+        """One llama_decode per n_batch tokens over every lane's tokens (a prompt's longer than
+        n_batch over several): each token at its lane's position in its lane's sequence, logits
+        asked for where its lane wants rows."""
+        work = [(j, lane, lane.check_tokens(tokens), rows) for j, (lane, tokens, rows) in enumerate(asks)]
+        if len({id(w[1]) for w in work}) < len(work):
+            raise ValueError("score_many: a lane appears twice in one pass")
+        out: list = [None] * len(work)
+        parts: dict[int, list[np.ndarray]] = {j: [] for j, _, _, rows in work if rows}
+        for batch in decodes(work, self._n_batch):
+            self._decode_many(batch, parts)
+        for j, rows in parts.items():
+            out[j] = rows[0] if len(rows) == 1 else np.concatenate(rows)
+        return out
+
+    def _decode_many(self, batch, parts: dict[int, list[np.ndarray]]) -> None:
+        b = self._batch
+        n = fill(b, batch)
+
+        def decode() -> int:
+            return llama_cpp.llama_decode(self._ctx, b)
+        rc = self._threads.timed(decode) if self._threads else decode()
+        if rc != 0:
+            for _, lane, _, _ in batch:  # what its ubatches left
+                llama_cpp.llama_memory_seq_rm(self._mem, lane._seq, lane._n_past, -1)
+            raise RuntimeError(f"llama_decode failed with status {rc} on a batch of {n} tokens")
+        ptr = llama_cpp.llama_get_logits(self._ctx)  # the requested rows, in batch order
+        n_rows = sum(len(piece) for _, _, piece, rows in batch if rows)
+        logits = np.ctypeslib.as_array(ptr, shape=(n_rows, self._n_vocab)) if n_rows else None
+        r = 0
+        for j, lane, piece, rows in batch:
+            lane._n_past += len(piece)
+            lane._cold = False
+            if rows:
+                parts[j].append(logits[r : r + len(piece)].copy())
+                r += len(piece)
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids; special tokens written in the text are parsed; BOS only if the model asks."""
@@ -296,29 +389,11 @@ class GGUFBackend(BaseBackend):
         if not template:
             raise SpecmacError("chat: this GGUF has no tokenizer.chat_template: give the prompt without one",
                                param="chat")
-        tb = self.vocab.token_bytes
-        bos = tb[self.vocab.bos_id].decode(errors="replace") if self.vocab.bos_id is not None else ""
         eos_id = llama_cpp.llama_vocab_eos(self._vocab_p)
-        eos = tb[eos_id].decode(errors="replace") if eos_id >= 0 else ""
-        fmt = Jinja2ChatFormatter(template.decode(), eos_token=eos, bos_token=bos)
-        text = fmt(messages=chat_messages(prompt)).prompt
-        if self._add_bos and bos and text.startswith(bos):
-            text = text[len(bos):]  # encode adds BOS itself
-        return text
+        return chat_text(template.decode(), self.vocab, eos_id, self._add_bos, chat_messages(prompt))
 
 
 _NO_ABORT = llama_cpp.ggml_abort_callback(0)  # NULL: llama.cpp's default, nothing checked
-
-
-def _release(model, ctx, batch, _abort_cb) -> None:  # the callback lives as long as the context
-    with captured_log():  # llama.cpp reports buffer sizes as it frees them
-        _free(model, ctx, batch)
-
-
-def _free(model, ctx, batch) -> None:
-    llama_cpp.llama_batch_free(batch)
-    llama_cpp.llama_free(ctx)
-    llama_cpp.llama_model_free(model)
 
 
 llama_cpp.llama_backend_init()  # once, on the first import (as Llama does); idempotent in llama.cpp

@@ -8,6 +8,7 @@ target on the GPU can share one process without touching mlx's global default de
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Sequence
@@ -16,10 +17,16 @@ from pathlib import Path
 import mlx.core as mx
 import mlx_lm
 import numpy as np
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    can_trim_prompt_cache,
+    load_prompt_cache,
+    make_prompt_cache,
+    save_prompt_cache,
+    trim_prompt_cache,
+)
 from mlx_lm.utils import hf_repo_to_path
 
-from specmac.backends import MAX_CTX, BaseBackend, Option, hf
+from specmac.backends import MAX_CTX, BaseBackend, Option, Saved, hf
 from specmac.errors import BadOption, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
 
@@ -128,6 +135,36 @@ class MLXBackend(hf.HFFolderMixin, BaseBackend):
         self._cache = make_prompt_cache(self.model)
         check_trimmable(self._cache)
         self._n_past = 0
+
+    def lanes(self, n: int) -> list[BaseBackend]:
+        """Sequences with their own caches on the same weights; scored one after another (mlx-lm's
+        batched caches place a sequence at shifted positions, which changes its rows)."""
+        out: list[BaseBackend] = [self]
+        for _ in range(1, n):
+            lane = copy.copy(self)
+            lane._held = []
+            lane.reset()
+            out.append(lane)
+        return out
+
+    can_save = True
+
+    def save(self) -> Saved:
+        """A copy of mlx-lm's caches (as its own prompt cache keeps them)."""
+        return Saved(tuple(self.held or ()), copy.deepcopy(self._cache), sum(c.nbytes for c in self._cache))
+
+    def restore(self, saved: Saved) -> None:
+        self._cache = copy.deepcopy(saved.state)
+        self._n_past = len(saved.tokens)
+
+    def write_state(self, saved: Saved, stem: Path) -> Path:
+        path = stem.with_suffix(".safetensors")
+        save_prompt_cache(str(path), saved.state)  # mlx-lm's own format: safetensors
+        return path
+
+    def read_state(self, path: Path, tokens: Sequence[int]) -> Saved:
+        cache = load_prompt_cache(str(path))
+        return Saved(tuple(tokens), cache, sum(c.nbytes for c in cache))
 
     def sync(self) -> None:
         mx.synchronize(self._stream())

@@ -9,13 +9,15 @@ so the probes and the cost model can be exercised with numpy alone.
 
 from __future__ import annotations
 
+import copy
 import string
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
-from specmac.backends import MAX_CTX, BaseBackend, Option
+from specmac.backends import MAX_CTX, BaseBackend, Option, Saved
 from specmac.errors import BadOption
 from specmac.vocab import Vocab
 
@@ -91,13 +93,32 @@ class SyntheticBackend(BaseBackend):
 
     def score(self, tokens: Sequence[int]) -> np.ndarray:
         tokens = self.check_tokens(tokens)
+        self._simulate_cost(len(tokens))
+        return self._append(tokens)
+
+    def _append(self, tokens: list[int]) -> np.ndarray:
         V = self.vocab.size
         full = [V, V] + self.tokens + tokens
         last = np.array(full[-len(tokens):])
         prev = np.array(full[-len(tokens) - 1 : -1])
         self.tokens.extend(tokens)
-        self._simulate_cost(len(tokens))
         return (self.last_table[last] + self.prev_table[prev]).astype(np.float32)
+
+    can_batch = True  # its lanes' tokens cost one simulated pass over all of them
+
+    def lanes(self, n: int) -> list[BaseBackend]:
+        out: list[BaseBackend] = [self]
+        for _ in range(1, n):
+            lane = copy.copy(self)  # the same tables, its own tokens
+            lane.tokens, lane._held = [], []
+            out.append(lane)
+        return out
+
+    def score_many(self, asks):
+        checked = [(lane, lane.check_tokens(tokens), rows) for lane, tokens, rows in asks]
+        self._simulate_cost(sum(len(t) for _, t, _ in checked))
+        return [lane._append(tokens) if rows else (lane._append(tokens), None)[1]
+                for lane, tokens, rows in checked]
 
     def _simulate_cost(self, n: int) -> None:
         if self.resolved["latency_ms"] > 0:
@@ -106,6 +127,22 @@ class SyntheticBackend(BaseBackend):
     def rewind(self, n_past: int) -> None:
         self.check_rewind(n_past)
         del self.tokens[n_past:]
+
+    can_save = True
+
+    def save(self) -> Saved:
+        return Saved(tuple(self.tokens), None, 8 * len(self.tokens))  # its state is its tokens
+
+    def restore(self, saved: Saved) -> None:
+        self.tokens = list(saved.tokens)
+
+    def write_state(self, saved: Saved, stem: Path) -> Path:
+        path = stem.with_suffix(".none")
+        path.write_bytes(b"")  # nothing beyond the tokens, which the store keeps itself
+        return path
+
+    def read_state(self, path: Path, tokens: Sequence[int]) -> Saved:
+        return Saved(tuple(tokens), None, 8 * len(tokens))
 
     def encode(self, text: str) -> list[int]:
         # characters outside the alphabet fold onto it, so any prompt is accepted

@@ -7,16 +7,18 @@ numpy rows, one per appended token.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F  # noqa: N812  (torch's own name for it)
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.utils import logging as hf_logging
 
-from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, hf
+from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, Saved, hf
 from specmac.backends import threads as cpu_threads
 from specmac.errors import BadOption, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
@@ -141,6 +143,108 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
     def reset(self) -> None:
         self.rewind(0)
 
+    can_save = True
+
+    def save(self) -> Saved:
+        """A copy of the past keys and values (a DynamicCache, cropped in place as the run goes)."""
+        layers = self.cache.layers if self.cache is not None else []
+        nbytes = sum(t.numel() * t.element_size() for layer in layers
+                     for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
+        return Saved(tuple(self.held or ()), copy.deepcopy(self.cache), nbytes)
+
+    def restore(self, saved: Saved) -> None:
+        self.cache = copy.deepcopy(saved.state)
+        self._n_past = len(saved.tokens)
+
+    def write_state(self, saved: Saved, stem: Path) -> Path:
+        from safetensors.torch import save_file
+
+        layers = saved.state.layers if saved.state is not None else []
+        tensors = {f"{i}.{part}": getattr(layer, part).contiguous() for i, layer in enumerate(layers)
+                   for part in ("keys", "values") if getattr(layer, part, None) is not None}
+        path = stem.with_suffix(".safetensors")
+        save_file(tensors, str(path))
+        return path
+
+    def read_state(self, path: Path, tokens: Sequence[int]) -> Saved:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path), device=str(self.device))
+        cache = new_cache(self.model) if tokens else None
+        n = 0
+        while f"{n}.keys" in tensors:
+            cache.update(tensors[f"{n}.keys"], tensors[f"{n}.values"], n)
+            n += 1
+        return Saved(tuple(tokens), cache, sum(t.numel() * t.element_size() for t in tensors.values()))
+
+    # --- several sequences: lanes with their own caches, scored together in one padded forward --
+    @property
+    def can_batch(self) -> bool:  # type: ignore[override]
+        """Padding works where every cache layer is a plain attention layer (no sliding window)."""
+        return all(type(layer).__name__ == "DynamicLayer" for layer in new_cache(self.model).layers)
+
+    def lanes(self, n: int) -> list[BaseBackend]:
+        out: list[BaseBackend] = [self]
+        for _ in range(1, n):
+            lane = copy.copy(self)  # the model and tokenizer are shared; the cache is its own
+            lane.cache, lane._n_past, lane._held = None, 0, []
+            out.append(lane)
+        return out
+
+    def score_many(self, asks):
+        """Asks of similar length in one forward (the past left-padded, the new tokens right-padded,
+        an attention mask and each sequence's own positions); a much longer one (a prompt's chunk)
+        alone, as ``score`` would take it."""
+        work = [(j, lane, lane.check_tokens(tokens), rows) for j, (lane, tokens, rows) in enumerate(asks)]
+        if len({id(w[1]) for w in work}) < len(work):
+            raise ValueError("score_many: a lane appears twice in one pass")
+        out: list = [None] * len(work)
+        for group in pad_groups(work):
+            if len(group) == 1:
+                j, lane, tokens, rows = group[0]
+                logits = lane._forward(tokens, keep_last=not rows)
+                out[j] = logits if rows else None
+            else:
+                for (j, _, _, rows), logits in zip(group, self._forward_padded(group)):
+                    out[j] = logits if rows else None
+        return out
+
+    def _forward_padded(self, group) -> list[np.ndarray]:
+        lanes = [lane for _, lane, _, _ in group]
+        past = [lane._n_past for lane in lanes]
+        P, L, B = max(past), max(len(t) for _, _, t, _ in group), len(group)
+        ids = torch.zeros((B, L), dtype=torch.long, device=self.device)
+        mask = torch.zeros((B, P + L), dtype=torch.long, device=self.device)
+        pos = torch.zeros((B, L), dtype=torch.long, device=self.device)
+        for b, (_, _, tokens, _) in enumerate(group):
+            ids[b, : len(tokens)] = torch.tensor(tokens, device=self.device)
+            mask[b, P - past[b] : P + len(tokens)] = 1
+            pos[b] = past[b] + torch.arange(L, device=self.device)
+        cache = new_cache(self.model)
+        held = [lane.cache.layers if n else None for lane, n in zip(lanes, past)]
+        for i in range(len(cache.layers) if P else 0):  # each lane's past, left-padded to P
+            empty = next(h[i].keys for h in held if h is not None)[:, :, :0]
+            keys = [F.pad(h[i].keys if h else empty, (0, 0, P - n, 0)) for h, n in zip(held, past)]
+            values = [F.pad(h[i].values if h else empty, (0, 0, P - n, 0)) for h, n in zip(held, past)]
+            cache.update(torch.cat(keys), torch.cat(values), i)
+        def run():
+            with torch.inference_mode():
+                return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                                  use_cache=True)
+        out = self._threads.timed(run) if self._threads else run()
+        logits = out.logits.float().cpu().numpy()
+        rows = []
+        for b, (_, lane, tokens, _) in enumerate(group):
+            n = len(tokens)
+            if lane.cache is None:
+                lane.cache = new_cache(self.model)
+            for i, layer in enumerate(cache.layers):
+                new = slice(P, P + n)
+                lane.cache.update(layer.keys[b : b + 1, :, new], layer.values[b : b + 1, :, new], i)
+            lane._n_past += n
+            rows.append(logits[b, :n])
+        return rows
+
     def sync(self) -> None:
         synchronize(self.device)
 
@@ -155,6 +259,22 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
 
     def apply_chat_template(self, prompt) -> str:
         return hf.apply_chat_template(self.tokenizer, prompt)
+
+
+PAD_WASTE = 1.5  # a forward over padded asks computes at most this many times their real tokens
+
+
+def pad_groups(work: list) -> list[list]:
+    """Asks (j, lane, tokens, rows) in groups scored together: from the longest down, an ask joins
+    the group while the padded forward (asks x the longest) stays within ``PAD_WASTE`` of their tokens."""
+    groups: list[list] = []
+    for w in sorted(work, key=lambda w: -len(w[2])):
+        g = groups[-1] if groups else None
+        if g is not None and (len(g) + 1) * len(g[0][2]) <= PAD_WASTE * sum(len(x[2]) for x in [*g, w]):
+            g.append(w)
+        else:
+            groups.append([w])
+    return groups
 
 
 def device_and_dtype(o: dict) -> tuple[str, str]:

@@ -24,13 +24,25 @@ from specmac.cli.profile import profile_choice, profile_options
               help="Port (0: a free one, printed).")
 @click.option("--queue-size", type=click.IntRange(min=1), default=16, show_default=True, metavar="N",
               help="Requests that may wait for the worker; more get 503 with Retry-After.")
+@click.option("--parallel", "-np", type=click.IntRange(1, 64), default=4, show_default=True, metavar="N",
+              help="requests generated at once, each pass serving them all (continuous batching); their "
+                   "drafts share the pass's width. 1: one at a time")
+@click.option("--cache-ram", type=click.IntRange(min=0), default=None, metavar="MIB",
+              help="Memory for the caches of conversations not being served, so each next turn "
+                   "processes only its new tokens [default: a quarter of the available memory, at most "
+                   "8192]; 0 keeps only the conversation last served.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Also keep, on disk, the caches the memory budget evicts (at most 16 GiB; entries name "
+                   "the model files, options and library versions they came from; a server killed "
+                   "mid-write leaves no half entry).")
 @click.option("--api-key", envvar="SPECMAC_API_KEY", metavar="KEY",
               help="Require 'Authorization: Bearer KEY' (or set SPECMAC_API_KEY).")
 @click.option("--model-name", metavar="NAME",
               help="The model id clients send (default: the target file's name).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def serve(k_text, host, port, queue_size, api_key, model_name, log_level, profile_path, precision, **kw):
+def serve(k_text, host, port, queue_size, parallel, cache_ram, cache_dir, api_key, model_name, log_level,
+          profile_path, precision, **kw):
     """Serve the pair over OpenAI's API: /v1/chat/completions, /v1/completions, /v1/models,
     /health and /metrics, with per-request "speculative" and "prediction" (Predicted Outputs).
 
@@ -58,6 +70,18 @@ def serve(k_text, host, port, queue_size, api_key, model_name, log_level, profil
         raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}): "
                         "choose another port, or --port 0 for a free one") from None
     pair, k = (choice.pair(), choice.k) if choice else (load_pair(kw), k)
+    from specmac.store import SequenceStore, default_budget
+    from specmac.store.disk import DISK_BUDGET, DiskTier
+
+    budget = default_budget() if cache_ram is None else cache_ram << 20
+    disk = None
+    if cache_dir:
+        try:
+            disk = DiskTier(cache_dir, {"target": pair.target, **pair.drafts}, DISK_BUDGET)
+        except OSError as e:
+            raise UserError(f"--cache-dir {cache_dir}: cannot keep caches there ({e.strerror or e}): give a "
+                            "writable folder") from None
+    pair.store = SequenceStore(budget, disk) if budget or disk else None
     # "auto" measures the pass costs now (kept on disk), not in the first request
     planner = pair.planner(k, notify=lambda m: click.echo(f"specmac serve: {m}", err=True))
     name = model_name or server.model_name(pair)
@@ -77,7 +101,7 @@ def serve(k_text, host, port, queue_size, api_key, model_name, log_level, profil
     if os.environ.get("SPECMAC_DEBUG") == "1":
         click.echo(json.dumps(config, default=str), err=True)
     sys.exit(server.serve(pair, sock, k=k, queue_size=queue_size, api_key=api_key, model_id=name,
-                          config=_public(config), log_level=log_level, planner=planner))
+                          config=_public(config), log_level=log_level, planner=planner, parallel=parallel))
 
 
 def _label(info: dict) -> str:

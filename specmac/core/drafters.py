@@ -50,16 +50,27 @@ class Drafter:
         """A free source's drafts (<= k) after ``seq`` and the kind of match they came from."""
         raise NotImplementedError
 
+    def begin(self, seq: Sequence[int]) -> None:
+        """A generation starts from ``seq``: keep what this source holds of it (its cache, its
+        index), forget the rest."""
+        self.trim(0)
+
     def trim(self, n: int) -> None:
         """The committed sequence now holds only its first n tokens of what this source saw."""
+
+    def fork(self, backend: BaseBackend | None = None) -> Drafter:
+        """The same source for another sequence, holding nothing yet (a model's on ``backend``, a
+        lane of its model: ``BaseBackend.lanes``)."""
+        raise NotImplementedError(f"the {self.name} source cannot draft for several sequences")
 
     def info(self) -> dict:
         return {"drafter": self.name}
 
 
 class ModelDrafter(Drafter):
-    """Drafts with any backend, sampling with the same warping as the target. ``held`` mirrors the
-    backend's cache: the loop trims it to what the target kept, so a step feeds only what is new."""
+    """Drafts with any backend, sampling with the same warping as the target. Its cache is what
+    its backend holds (``BaseBackend.held``): the loop trims it to what the target accepted, so a
+    step feeds only what is new, and a new generation keeps what it holds of the prompt."""
 
     name = "model"
     # a draft of the target's family is right more often than not; four pseudo-drafts, so one unlucky
@@ -69,7 +80,9 @@ class ModelDrafter(Drafter):
     def __init__(self, backend: BaseBackend) -> None:
         self.backend = backend
         self.name = backend.name  # a model source is named by its backend (steps by source say "gguf")
-        self.held: list[int] = []
+
+    def fork(self, backend: BaseBackend | None = None) -> ModelDrafter:
+        return ModelDrafter(backend or self.backend)
 
     def max_k(self, n_seq: int) -> int:
         return self.backend.n_ctx - n_seq + 1  # the cache ends holding seq + k - 1 tokens
@@ -79,10 +92,15 @@ class ModelDrafter(Drafter):
         return len(seq) - self._sync(seq)
 
     def _sync(self, seq: Sequence[int]) -> int:
-        m = min(len(self.held), len(seq) - 1)  # always re-score the last token
-        if m and self.held[m - 1] != seq[m - 1]:  # the loop only appends and trims: rarely taken
-            m = common_prefix(self.held, seq, m)
+        held = self.backend.held or ()
+        m = min(len(held), len(seq) - 1)  # always re-score the last token
+        if m and held[m - 1] != seq[m - 1]:  # the loop only appends and trims: rarely taken
+            m = common_prefix(held, seq, m)
         return m
+
+    def begin(self, seq: Sequence[int]) -> None:
+        held = self.backend.held
+        self.trim(common_prefix(held, seq, len(seq) - 1) if held is not None and seq else 0)
 
     def draft(self, seq: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
               n_vocab: int, noise: StepNoise | None = None) -> tuple[list[int], Any]:
@@ -105,13 +123,13 @@ class ModelDrafter(Drafter):
             drafts.append(d)
             if i < k - 1:
                 logits = self.backend.score([d])[0]
-        self.held = list(seq) + drafts[:-1]
         return drafts, (None if params.greedy or noise is not None else qs)
 
     def trim(self, n: int) -> None:
-        n = min(n, len(self.held), self.backend.n_past)
-        self.backend.rewind(n)
-        del self.held[n:]
+        if self.backend.held is None:  # its cache was changed outside the contract: start over
+            self.backend.reset()
+        elif n < self.backend.n_past:
+            self.backend.rewind(n)
 
     def info(self) -> dict:
         return {"drafter": self.name, **self.backend.info()}
@@ -130,6 +148,12 @@ class NgramDrafter(Drafter):
 
     def propose(self, seq, k):
         return lookup(seq, k, self.max_ngram, self.min_ngram), "ngram"
+
+    def begin(self, seq: Sequence[int]) -> None:
+        """Nothing held: each proposal searches the text as it is."""
+
+    def fork(self, backend: BaseBackend | None = None) -> NgramDrafter:
+        return NgramDrafter(self.max_ngram, self.min_ngram)
 
     def info(self) -> dict:
         return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}

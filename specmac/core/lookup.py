@@ -45,6 +45,9 @@ class LookupDrafter(Drafter):
         self.tokens: list[int] = []  # the text indexed
         self.ends: list[dict[tuple, list[int]]] = [{} for _ in range(max_match + 1)]  # [n] n-gram -> ends
 
+    def fork(self, backend=None) -> LookupDrafter:
+        return LookupDrafter(self.min_match, self.sure_match, self.max_match, self.agree, self.max_candidates)
+
     # --- the index ------------------------------------------------------------------------------
     def _extend(self, new: Sequence[int]) -> None:
         for t in new:
@@ -63,6 +66,11 @@ class LookupDrafter(Drafter):
                 if not ends:
                     del self.ends[m][key]
         del self.tokens[n:]
+
+    def begin(self, seq: Sequence[int]) -> None:
+        """Keep the index of the prompt's prefix this lookup already indexed (a conversation's
+        earlier turns): it is extended, not rebuilt."""
+        self.trim(common_prefix(self.tokens, seq, len(seq)))
 
     def _sync(self, seq: Sequence[int]) -> None:
         """Index exactly seq: append what is new (the loop only appends between trims)."""

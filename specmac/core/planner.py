@@ -63,8 +63,9 @@ class Record:
     how many of them free sources' accepted drafts wrote."""
 
     def __init__(self, max_tokens: int, priors: Mapping[Key, tuple[float, float, bool]],
-                 decay: float) -> None:
+                 decay: float, owner: Planner | None = None) -> None:
         self.max_tokens, self.priors, self.decay = max_tokens, priors, decay
+        self.owner = owner  # the planner whose sources and K its steps take
         self.reached: dict[Key, np.ndarray] = {}
         self.accepted: dict[Key, np.ndarray] = {}
         self.n_out = self.free_written = 0
@@ -181,8 +182,8 @@ class Planner:
         return "auto" if self.k is None else "fixed"
 
     def record(self, max_tokens: int) -> Record:
-        """A new sequence's record (it writes at most ``max_tokens``)."""
-        self.last = Record(max_tokens, self.priors, self.decay)
+        """A new sequence's record (it writes at most ``max_tokens``), owned by this planner."""
+        self.last = Record(max_tokens, self.priors, self.decay, self)
         return self.last
 
     # --- choosing ---------------------------------------------------------------------------------
@@ -202,8 +203,8 @@ class Planner:
 
     def plan(self, asks: Sequence[tuple[Record, Sequence[Offer], Mapping[int, int], int]]) -> list[Choice]:
         """Every active sequence's (source, width) for the next pass: the most expected tokens per
-        second over the pass (module docstring)."""
-        opts = [self._options(*ask) for ask in asks]
+        second over the pass (module docstring); each sequence's options its record owner's."""
+        opts = [(ask[0].owner or self)._options(*ask) for ask in asks]
         pick = [0] * len(opts)
         for _ in range(3 if len(opts) > 1 else 1):
             moved = False
@@ -368,13 +369,14 @@ class Planner:
     # --- learning ---------------------------------------------------------------------------------
     def observe(self, record: Record, offers: Sequence[Offer], choice: Choice, drafts: Sequence[int],
                 committed: Sequence[int], behind: int, t_draft: float, t_step: float,
-                ext: Offer | None = None) -> None:
+                ext: Offer | None = None, timed: bool = True) -> None:
         """One step's outcome, reported once by the loop: the free sources' ``offers``, the
         ``choice`` and the ``drafts`` it verified (a model's followed by its extension ``ext``), the
         tokens the step ``committed``, how far the chosen model was ``behind``, and the seconds of
-        drafting and of the step's pass and rule."""
+        drafting and of the step's pass and rule; ``timed``: the pass was this sequence's alone."""
         src = choice[0]
-        self.costs.observe(len(drafts) + 1, t_step)
+        if timed:
+            self.costs.observe(len(drafts) + 1, t_step)
         for i, proposal, kind in offers:
             record.learn((self.sources[i].name, kind), proposal, committed)
         accepted = common_prefix(drafts, committed, len(drafts))

@@ -67,9 +67,9 @@ class PredictionDrafter(Drafter):
         return {"accepted_prediction_tokens": len(self.accepted),
                 "rejected_prediction_tokens": len(self.proposed - self.accepted)}
 
-    def trim(self, n: int) -> None:
-        if n == 0:
-            self.pos, self.n_seen = 0, None
+    def begin(self, seq) -> None:
+        """The prediction starts where the output does."""
+        self.pos, self.n_seen = 0, None
 
     def info(self) -> dict:
         return {"drafter": self.name, "prediction_tokens": len(self.pred), "max_ngram": self.max_ngram}

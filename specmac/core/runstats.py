@@ -26,6 +26,7 @@ class RunStats:
     t_target: float = 0.0
     t_other: float = 0.0
     t_prefill: float = 0.0  # prompt processing; not part of `seconds` (generation time)
+    cached_tokens: int = 0  # tokens of the prompt the target already held (not processed again)
     finish_reason: str | None = None
     sources: dict[str, int] = field(default_factory=dict)  # steps by what drafted them ("none": no drafts)
     # seconds of each step that drafted nothing (one one-token pass): what plain decoding's step cost
@@ -36,6 +37,7 @@ class RunStats:
         if e.n_passes:
             self.sources[e.source] = self.sources.get(e.source, 0) + 1
         self.t_prefill += e.t_prefill
+        self.cached_tokens += e.n_cached
         self.n_tokens += len(e.tokens)
         self.n_target_passes += e.n_passes
         self.n_drafted += e.n_drafted
@@ -97,6 +99,7 @@ class RunStats:
             "tokens_per_second": self.tokens_per_second,
             "seconds": s,
             "prefill_seconds": self.t_prefill,
+            "cached_tokens": self.cached_tokens,
             "time_split": {"draft": self.t_draft, "verify": self.t_target, "other": self.t_other},
             "finish_reason": self.finish_reason,
             "steps_by_source": dict(self.sources),

@@ -57,10 +57,12 @@ def bind(host: str, port: int) -> socket.socket:
 def make_server(pair: Pair, sock: socket.socket, *, k: int | str = "auto", queue_size: int = 16,
                 api_key: str | None = None, model_id: str | None = None, max_body: int = MAX_BODY,
                 config: dict | None = None, log_level: str = "info",
-                own_logging: bool = True, planner: Planner | None = None) -> uvicorn.Server:
+                own_logging: bool = True, planner: Planner | None = None,
+                parallel: int = 1) -> uvicorn.Server:
     """A uvicorn server for the pair on ``sock``; ``server.run(sockets=[sock])`` serves.
-    ``own_logging`` False leaves logging to the caller (everything propagates to the root logger)."""
-    worker = Worker(pair, k=k, queue_size=queue_size, metrics=Metrics(), planner=planner)
+    ``own_logging`` False leaves logging to the caller (everything propagates to the root logger).
+    ``parallel``: the most requests generated at once, sharing each pass (where the target can)."""
+    worker = Worker(pair, k=k, queue_size=queue_size, metrics=Metrics(), planner=planner, parallel=parallel)
     app = create_app(worker, model_id=model_id or model_name(pair), api_key=api_key, max_body=max_body,
                      config=config)
     cfg = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_keep_alive=5,

@@ -1,11 +1,15 @@
-"""The worker: one thread owns the pair and runs one generation at a time, in FIFO order.
+"""The scheduler: one thread owns the pair and runs every generation, several at once.
 
-Backends are not thread-safe and a pair has one KV cache per model, so every model call happens
-on this thread. Requests wait in a bounded queue (full: ``ApiError`` 503 with Retry-After); each
-``Job`` carries the request and an asyncio queue that the worker fills, from its thread, with
-("start", n_prompt) | ("text", piece) | ("done", finish_reason, usage) | ("error", ApiError).
-A job whose client has gone (``job.cancel``) stops at the next step: leaving the loop's
-iterator closes it, and the loop's ``finally`` rewinds both caches.
+Backends are not thread-safe, so every model call happens on this thread. The pair holds up to
+``parallel`` sequences (``Pair.lanes``: a lane of the target each, with its own draft caches);
+each active request has one, and every pass of the target serves them all: requests join and leave
+between passes (continuous batching), a new prompt is processed in chunks beside the running
+streams' steps, and the planner shares the pass's cheap width between their drafts
+(``specmac.core.loop.pass_streams``). Admission is first come, first served; requests wait in a
+bounded queue (full: ``ApiError`` 503 with Retry-After). Each ``Job`` carries the request and an
+asyncio queue that the scheduler fills, from its thread, with ("start", n_prompt) |
+("text", piece) | ("done", finish_reason, usage) | ("error", ApiError). A job whose client has gone
+(``job.cancel``) stops at the next pass and its lane is freed; its caches are left holding its text.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ import queue
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from specmac.api import Pair
+from specmac.api import Lane, Pair
+from specmac.core.drafters import common_prefix
+from specmac.core.loop import Event, Stream, pass_streams
 from specmac.core.planner import Planner
+from specmac.core.prediction import PredictionDrafter
 from specmac.core.runstats import RunStats
 from specmac.errors import ContextOverflow, SpecmacError
 from specmac.serve.metrics import Metrics
@@ -29,6 +37,9 @@ from specmac.serve.text import FALLBACK_FORMAT, TextOut, fallback_chat
 log = logging.getLogger("specmac.serve")
 FINISH = {"eos": "stop", "length": "length", "context": "length"}
 RETRY_AFTER_S = 1
+# prompt tokens processed in one pass while other streams generate: their next token waits for the
+# chunk, so a long prompt joins without stalling them for its whole length (alone, it is read at once)
+PREFILL_CHUNK = 64
 
 
 class Job:
@@ -49,14 +60,35 @@ class Job:
             self.cancel.set()
 
 
+@dataclass
+class Running:
+    """A job with a lane: its stream, its text so far and its counts."""
+
+    job: Job
+    lane: Lane
+    stream: Stream
+    text: TextOut
+    stats: RunStats
+    k: int | str
+    n_prompt: int
+    field: str
+    prediction: PredictionDrafter | None = None
+    started: bool = False
+    finish: str | None = None  # why it ended ("cancelled": its client left), once it has
+
+
 class Worker:
     def __init__(self, pair: Pair, *, k: int | str, queue_size: int, metrics: Metrics,
-                 planner: Planner | None = None) -> None:
+                 planner: Planner | None = None, parallel: int = 1,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
         self.pair, self.k, self.metrics = pair, k, metrics
         self.planners: dict[int | str, Planner] = {k: planner} if planner is not None else {}
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.thread = threading.Thread(target=self._run, name="specmac-worker", daemon=True)
         self.chat_template = self._has_chat_template()
+        self.lanes = pair.lanes(parallel)
+        self.prefill_chunk = prefill_chunk
+        self.active: list[Running] = []
 
     def _has_chat_template(self) -> bool:
         try:
@@ -84,34 +116,45 @@ class Worker:
             raise ApiError(503, f"the server's queue is full ({self.queue.maxsize} requests waiting): retry "
                                 f"in {RETRY_AFTER_S} s", type="server_error", code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-        self.metrics.queue_depth.set(self.queue.qsize())
+        self.metrics.record_queue(self.queue.qsize(), len(self.active))
 
     def stop(self, timeout: float = 30.0) -> None:
-        """After the last request: end the thread (it finishes the job it is on first)."""
+        """After the last request: end the thread (it finishes the jobs it holds first)."""
         if self.thread.is_alive():
             self.queue.put(None, timeout=timeout)
             self.thread.join(timeout)
 
+    # --- the scheduler -------------------------------------------------------------------------
     def _run(self) -> None:
+        stopping = False
         while True:
-            job = self.queue.get()
-            self.metrics.queue_depth.set(self.queue.qsize())
-            if job is None:
-                return
-            if job.cancel.is_set():  # its client left while it waited
-                self.metrics.cancelled.inc()
+            while not stopping and len(self.active) < len(self.lanes):  # admit, first come first served
+                try:
+                    job = self.queue.get(block=not self.active)
+                except queue.Empty:
+                    break
+                self.metrics.record_queue(self.queue.qsize(), len(self.active))
+                if job is None:
+                    stopping = True
+                elif job.cancel.is_set():  # its client left while it waited
+                    self.metrics.cancelled.inc()
+                else:
+                    self._admit(job)
+            if not self.active:
+                if stopping:
+                    return
                 continue
-            self.metrics.busy.set(1)
-            try:
-                self._generate(job)
-            except ApiError as e:
-                job.put("error", e)
-            except Exception:  # a bug: the traceback goes to the log, the client gets a 500
-                log.exception("generation failed")
-                job.put("error", ApiError(500, "internal error while generating: see the server's log",
-                                          type="server_error", code="internal_error"))
-            finally:
-                self.metrics.busy.set(0)
+            self.metrics.record_queue(self.queue.qsize(), len(self.active))
+            self._pass()
+
+    def _admit(self, job: Job) -> None:
+        try:
+            self.active.append(self._open(job))
+        except ApiError as e:
+            job.put("error", e)
+        except Exception:  # a bug: the traceback goes to the log, the client gets a 500
+            log.exception("starting a generation failed")
+            job.put("error", internal_error())
 
     def prompt_ids(self, req: GenRequest) -> list[int]:
         """The request's prompt as token ids: chat messages through the target's template (or
@@ -123,53 +166,143 @@ class Worker:
             return self.pair.encode(text)
         return self.pair.encode(req.prompt)
 
-    def _generate(self, job: Job) -> None:
+    def _lane_for(self, ids: list[int]) -> Lane:
+        """The free lane holding the longest prefix of ``ids`` (a conversation's earlier turns),
+        else the one used longest ago (its sequence goes to the store, if worth keeping)."""
+        busy = {id(r.lane) for r in self.active}
+        free = [lane for lane in self.lanes if id(lane) not in busy]
+        def held(lane: Lane) -> int:
+            h = lane.target.held
+            return common_prefix(h, ids, len(ids) - 1) if h is not None else 0
+        return max(free, key=lambda lane: (held(lane), -lane.used))
+
+    def _open(self, job: Job) -> Running:
         req, target = job.req, self.pair.target
-        field = "messages" if req.chat else "prompt"
+        field_name = "messages" if req.chat else "prompt"
         try:
             ids = self.prompt_ids(req)
         except SpecmacError as e:
-            raise ApiError(400, f"{field}: {e}", param=field) from None
+            raise ApiError(400, f"{field_name}: {e}", param=field_name) from None
         if len(ids) >= target.n_ctx:
-            raise ApiError(400, f"{field}: the prompt has {len(ids)} tokens but this model's context window "
-                                f"is {target.n_ctx} (room for the answer included): shorten it",
-                           param=field, code="context_length_exceeded")
+            raise ApiError(400, f"{field_name}: the prompt has {len(ids)} tokens but this model's context "
+                                f"window is {target.n_ctx} (room for the answer included): shorten it",
+                           param=field_name, code="context_length_exceeded")
         k = self.k if req.k is None else req.k
-        pair = self.pair if k != 0 else self.pair.plain()
-        predicted = pair.prediction_drafter(req.prediction) if req.prediction is not None and k != 0 else None
+        predicted = None
+        if req.prediction is not None and k != 0:
+            predicted = self.pair.prediction_drafter(req.prediction)
         max_tokens = req.max_tokens or target.n_ctx  # the loop stops at the context window first
         seed = req.seed if req.seed is not None else secrets.randbits(63)
-        stats = RunStats(k=k)
-        steps = pair.stream(ids, params=req.params, max_tokens=max_tokens, k=self.planner(k), seed=seed,
-                            prediction=predicted)
-        out, finish, started = TextOut(target.decode, req.stop), None, False
+        lane = self._lane_for(ids)
         try:
-            for event in steps:
-                if not started:
-                    job.put("start", len(ids))
-                    started = True
-                stats.add(event)
-                piece = out.push(event.tokens, final=event.finish_reason is not None)
-                if piece:
-                    job.put("text", piece)
-                if out.stopped:
-                    finish = "stop"
-                    break
-                if event.finish_reason:
-                    finish = FINISH[event.finish_reason]
-                if job.cancel.is_set():
-                    self.metrics.cancelled.inc()
-                    break
+            stream = self.pair.start(lane, ids, params=req.params, max_tokens=max_tokens, k=self.planner(k),
+                                     seed=seed, prediction=predicted)
         except SpecmacError as e:
-            if started:
-                raise
             code = "context_length_exceeded" if isinstance(e, ContextOverflow) else "invalid_value"
-            raise ApiError(400, f"{field}: {e}", param=field, code=code) from None
-        finally:
-            steps.close()  # the loop's finally: both caches back in step
-        usage = make_usage(len(ids), stats, k, predicted.usage() if predicted is not None else None)
-        self.metrics.record_run(usage)
-        job.put("done", finish or "length", usage)
+            raise ApiError(400, f"{field_name}: {e}", param=field_name, code=code) from None
+        if self.pair.store is not None:
+            self.metrics.record_store(self.pair.store.info())
+        return Running(job, lane, stream, TextOut(target.decode, req.stop), RunStats(k=k), k, len(ids),
+                       field_name, predicted)
+
+    def _chunks(self) -> dict[int, int]:
+        """Prompt tokens each stream still reading its prompt processes in the next pass: all of it
+        when no stream is generating, else ``prefill_chunk`` tokens in all, first come first served."""
+        generating = any(not r.stream.pending for r in self.active)
+        budget = self.prefill_chunk if generating else None
+        out = {}
+        for i, r in enumerate(self.active):
+            n = len(r.stream.pending)
+            if n:
+                out[i] = n if budget is None else min(n, budget)
+                budget = None if budget is None else budget - out[i]
+        return out
+
+    def _pass(self) -> None:
+        active = self.active
+        for r in active:
+            if r.job.cancel.is_set():
+                r.finish = "cancelled"
+        self._close([r for r in active if r.finish])
+        active = self.active
+        if not active:
+            return
+        planner = self.planners.get(self.k) or active[0].stream.planner
+        try:
+            events = pass_streams(active[0].lane.target, [r.stream for r in active], planner, self._chunks())
+        except Exception as e:  # the pass itself failed: every stream in it ends
+            self._fail(active, e)
+            return
+        self.metrics.record_pass(sum(isinstance(e, Event) for e in events))
+        for r, event in zip(active, events):
+            if isinstance(event, BaseException):
+                self._fail([r], event)
+            elif event is not None:
+                self._emit(r, event)
+        self._close([r for r in self.active if r.finish])
+
+    def _emit(self, r: Running, event: Event) -> None:
+        if not r.started:
+            r.job.put("start", r.n_prompt)
+            self.metrics.record_first_token(time.perf_counter() - r.job.t0)
+            r.started = True
+        if r.prediction is not None:
+            r.prediction.settle(event.source, event.n_drafted, event.n_accepted)
+        r.stats.add(event)
+        self.metrics.record_step(event)
+        piece = r.text.push(event.tokens, final=event.finish_reason is not None)
+        if piece:
+            r.job.put("text", piece)
+        if r.text.stopped:
+            r.finish = "stop"
+        elif event.finish_reason:
+            r.finish = FINISH[event.finish_reason]
+        elif r.job.cancel.is_set():
+            r.finish = "cancelled"
+
+    def _close(self, done: list[Running]) -> None:
+        """Streams that finished (or were cancelled): caches left holding their text, usage told,
+        lanes freed."""
+        for r in done:
+            self.active.remove(r)
+            try:
+                r.stream.close()
+            finally:
+                self._settle(r)
+            if r.finish == "cancelled":
+                self.metrics.cancelled.inc()
+            usage = make_usage(r.n_prompt, r.stats, r.k, r.prediction.usage() if r.prediction else None)
+            self.metrics.record_run(usage)
+            r.job.put("done", r.finish if r.finish != "cancelled" else "length", usage)
+
+    def _fail(self, failed: list[Running], e: BaseException) -> None:
+        for r in failed:
+            if r in self.active:
+                self.active.remove(r)
+            try:
+                r.stream.close()
+            except Exception:
+                log.exception("closing a failed stream failed")
+            if isinstance(e, ApiError):
+                r.job.put("error", e)
+            elif isinstance(e, SpecmacError) and not r.started:
+                code = "context_length_exceeded" if isinstance(e, ContextOverflow) else "invalid_value"
+                r.job.put("error", ApiError(400, f"{r.field}: {e}", param=r.field, code=code))
+            else:
+                log.error("generation failed", exc_info=e)
+                r.job.put("error", internal_error())
+
+    def _settle(self, r: Running) -> None:
+        planner = r.stream.planner
+        if planner.kept is not None:
+            from specmac.tuning.calibration import settle
+
+            planner.settled = settle(planner.costs, planner.kept)
+
+
+def internal_error() -> ApiError:
+    return ApiError(500, "internal error while generating: see the server's log", type="server_error",
+                    code="internal_error")
 
 
 def make_usage(n_prompt: int, stats: RunStats, k: int | str, prediction: dict | None) -> dict:
@@ -177,6 +310,7 @@ def make_usage(n_prompt: int, stats: RunStats, k: int | str, prediction: dict | 
     d = prediction or {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
     return {"prompt_tokens": n_prompt, "completion_tokens": stats.n_tokens,
             "total_tokens": n_prompt + stats.n_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
             "completion_tokens_details": {"accepted_prediction_tokens": d["accepted_prediction_tokens"],
                                           "rejected_prediction_tokens": d["rejected_prediction_tokens"]},
             "speculative": {"drafted": stats.n_drafted, "accepted": stats.n_accepted,

@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 
 from specmac.backends import BaseBackend
-from specmac.backends.conversion.cache import signature
 from specmac.core.costs import Costs
 from specmac.errors import SpecmacError
 from specmac.files import cache_home, write_json
@@ -129,19 +128,10 @@ def costs_dir() -> Path:
     return cache_home() / "calibration"
 
 
-def _identity(backend: BaseBackend) -> dict:
-    """What a pass's cost depends on: backend, model (and its files' size and mtime), options."""
-    info = {k: v for k, v in backend.info().items() if k != "vocab"}
-    model = Path(str(info.get("model") or ""))
-    if model.exists():
-        info["file"] = signature(model)
-    return info
-
-
 def _entry(kind: str, backend: BaseBackend) -> tuple[dict, Path]:
     """(what a kept ``kind`` entry depends on, its file): a "curve" is the target's, a "draft" a draft's."""
     role = "target" if kind == "curve" else "draft"
-    ident = {role: _identity(backend), "host": platform.node(), "cpus": os.cpu_count()}
+    ident = {role: backend.identity(), "host": platform.node(), "cpus": os.cpu_count()}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
     return ident, costs_dir() / f"{kind}-{key}.json"
 

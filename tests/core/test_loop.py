@@ -139,7 +139,7 @@ def check_caches(pair, seq):
     draft = pair.sources[0]
     assert pair.target.n_past == len(seq) - 1
     assert draft.backend.n_past <= len(seq) - 1
-    assert draft.held == list(seq[: draft.backend.n_past])
+    assert draft.backend.held == list(seq[: draft.backend.n_past])
 
 
 class ScriptedDrafter(Drafter):

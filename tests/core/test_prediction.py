@@ -14,9 +14,10 @@ import pytest
 
 from specmac.api import Pair
 from specmac.core import loop
+from specmac.core.planner import Planner
 from specmac.core.prediction import PredictionDrafter, prediction_text
 from specmac.core.sampling import SamplingParams, sample
-from tests.support.exact import level2, synthetic_pair
+from tests.support.exact import FrozenCosts, level2, synthetic_pair
 from tests.support.helpers import skip_unless_installed
 
 GREEDY, T1 = SamplingParams(0.0), SamplingParams(1.0)
@@ -77,7 +78,10 @@ def test_the_pairs_model_drafts_off_the_prediction():
     pair = synthetic_pair(V=40, noise=0.3, eos_bias=-8.0)
     base = pair.plain().generate([1, 2], params=GREEDY, max_tokens=30)
     pred = base.token_ids[:8] + [39] * 4  # followed for eight tokens, then nothing it has
-    out = pair.generate([1, 2], params=GREEDY, max_tokens=30, k=4, prediction=pred)
+    # frozen costs (a cheap draft): whether the model pays is the planner's to weigh on timings, and
+    # a loaded machine may rightly say no; which source drafts where is what this test is about
+    planner = Planner(pair.sources, FrozenCosts(pair.drafts), k=4)
+    out = pair.generate([1, 2], params=GREEDY, max_tokens=30, k=planner, prediction=pred)
     assert out.token_ids == base.token_ids
     assert out.stats.sources.get("prediction", 0) > 0 and out.stats.sources.get("synthetic", 0) > 0
     assert out.prediction["accepted_prediction_tokens"] > 0

@@ -1,0 +1,92 @@
+"""Several sequences on one backend (``lanes``, ``score_many``), on every backend with the embedded
+pair: a pass over several lanes gives each lane the rows it would get alone (exactly for llama.cpp
+and MLX; torch's padded forward to float32 rounding, the argmax the same), each lane keeps and
+rewinds its own sequence, lanes share the weights, and a lane's cache saves and restores into
+another; greedy streams sharing passes write what each writes alone (F16 GGUF, float32 torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specmac.api import Pair
+from specmac.backends import load_backend
+from specmac.core.loop import Event, pass_streams
+from specmac.core.sampling import SamplingParams
+from tests.support.helpers import skip_unless_installed
+
+BACKENDS = [("gguf", {"quant": "f16"}), ("torch", {"dtype": "float32"}), ("mlx", None)]
+TEXTS = ["def fib(n):\n    if n < 2:\n        return", "The capital of France is Paris, and",
+         "x = [1, 2, 3]\nfor i in x:\n    print", "import numpy as np\nimport torch\n"]
+
+
+def need(name):
+    mark = skip_unless_installed(name)
+    if mark.args[0]:
+        pytest.skip(mark.kwargs["reason"])
+
+
+@pytest.mark.parametrize("name, opts", BACKENDS)
+def test_one_pass_over_lanes_gives_each_its_own_rows(name, opts):
+    need(name)
+    b = load_backend(name, None, opts)
+    seqs = [b.encode(t) for t in TEXTS]
+    ref = []
+    for s in seqs:
+        b.reset()
+        b.prefill(s[:-3])
+        ref.append(b.score(s[-3:]))
+    b.reset()
+    lanes = b.lanes(4)
+    assert len(lanes) == 4 and lanes[0] is b
+    assert b.score_many([(lane, s[:-3], False) for lane, s in zip(lanes, seqs)]) == [None] * 4
+    rows = b.score_many([(lane, s[-3:], True) for lane, s in zip(lanes, seqs)])
+    for r, x in zip(ref, rows):
+        assert x.shape == r.shape
+        assert np.array_equal(r.argmax(-1), x.argmax(-1))
+        if name == "torch":  # padding changes the order of float32 sums, not more
+            np.testing.assert_allclose(x, r, atol=1e-3)
+        else:
+            assert np.array_equal(x, r)
+    assert [lane.held for lane in lanes] == seqs
+    lanes[1].rewind(2)
+    assert lanes[1].held == seqs[1][:2] and lanes[2].held == seqs[2] and lanes[0].held == seqs[0]
+    if b.can_save:
+        saved = lanes[2].save()
+        lanes[3].restore(saved)
+        assert lanes[3].held == seqs[2]
+        again = [b.score_many([(lane, [seqs[2][0]], True)])[0] for lane in (lanes[2], lanes[3])]
+        assert np.array_equal(again[0].argmax(-1), again[1].argmax(-1))
+
+
+@pytest.mark.parametrize("name, opts", BACKENDS)
+def test_lanes_share_the_weights(name, opts):
+    need(name)
+    b = load_backend(name, None, opts)
+    lanes = b.lanes(3)
+    weights = {"gguf": "_model", "torch": "model", "mlx": "model"}[name]
+    assert all(getattr(lane, weights) is getattr(b, weights) for lane in lanes)
+
+
+@pytest.mark.parametrize("target, opts, draft", [("gguf", {"quant": "f16"}, "gguf"),
+                                                 ("torch", {"dtype": "float32"}, None),
+                                                 ("torch", {"dtype": "float32"}, "torch")])
+def test_greedy_streams_sharing_passes_write_what_each_writes_alone(target, opts, draft):
+    need(target)
+    pair = Pair.load(target, draft, target_options=opts)
+    params = SamplingParams(0.0)
+    ref = [pair.generate(t, params=params, max_tokens=20, k=4, seed=0, reuse=False).token_ids for t in TEXTS]
+    lanes = pair.lanes(4)
+    planner = pair.planner(4)
+    streams = [pair.start(lane, pair.encode(t), params=params, max_tokens=20, k=planner, seed=0)
+               for lane, t in zip(lanes, TEXTS)]
+    out = [[] for _ in TEXTS]
+    while any(not s.done for s in streams):
+        live = [i for i, s in enumerate(streams) if not s.done]
+        events = pass_streams(lanes[0].target, [streams[i] for i in live], planner,
+                              {j: 4 for j in range(len(live))})
+        for i, e in zip(live, events):
+            assert not isinstance(e, Exception), e
+            if isinstance(e, Event):
+                out[i] += e.tokens
+    assert out == ref

@@ -1,0 +1,121 @@
+"""Several streams sharing each pass (``pass_streams``) on the synthetic pair: every stream writes
+what it writes alone (greedy, and sampled with the coupled sampler by seed), whether streams join
+at once or one after another and whatever the prompt chunks; a planted backend that hands one
+lane's rows to another is caught; an error in one stream's drafting ends that stream only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specmac.api import Pair
+from specmac.backends.synthetic import SyntheticBackend
+from specmac.core.loop import Event, pass_streams
+from specmac.core.planner import Planner
+from specmac.core.sampling import SamplingParams
+
+PROMPTS = ["hello world", "abc def ghi jkl", "the quick brown fox", "lorem ipsum dolor", "x = 1\ny = 2\n"]
+GREEDY = SamplingParams(0.0)
+COUPLED = SamplingParams(0.9, sampler="coupled")
+
+
+def alone(pair: Pair, prompts, params, k, max_tokens=30) -> list[list[int]]:
+    return [pair.generate(p, params=params, max_tokens=max_tokens, k=k, seed=7 + i, reuse=False).token_ids
+            for i, p in enumerate(prompts)]
+
+
+def together(pair: Pair, prompts, params, k, *, n_lanes=4, chunk=3, join_every=0, max_tokens=30):
+    """The prompts served by lanes sharing passes: at most ``n_lanes`` at once, a new one joining
+    every ``join_every`` passes (0: as soon as a lane is free), prompts read ``chunk`` tokens a pass."""
+    lanes = pair.lanes(n_lanes)
+    planner = k if isinstance(k, Planner) else pair.planner(k)
+    waiting = list(enumerate(prompts))
+    running: dict[int, tuple] = {}  # prompt index -> (lane, stream)
+    out: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    n_pass = 0
+    while waiting or running:
+        free = [lane for lane in lanes if all(lane is not r[0] for r in running.values())]
+        if waiting and free and (not join_every or n_pass % join_every == 0):
+            i, p = waiting.pop(0)
+            running[i] = (free[0], pair.start(free[0], pair.encode(p), params=params, max_tokens=max_tokens,
+                                              k=planner, seed=7 + i))
+        order = list(running)
+        events = pass_streams(lanes[0].target, [running[i][1] for i in order], planner,
+                              {j: chunk for j in range(len(order))})
+        n_pass += 1
+        for i, e in zip(order, events):
+            if isinstance(e, Exception):
+                raise e
+            if isinstance(e, Event):
+                out[i] += e.tokens
+                if e.finish_reason:
+                    running.pop(i)[1].close()
+    return [out[i] for i in range(len(prompts))], n_pass
+
+
+@pytest.mark.parametrize("params", [GREEDY, COUPLED], ids=["greedy", "coupled"])
+@pytest.mark.parametrize("draft, k", [(None, 4), ("synthetic", 4), ("lookup+synthetic", "auto"),
+                                      ("lookup", 4)])
+@pytest.mark.parametrize("join_every", [0, 3])
+def test_streams_sharing_passes_write_what_each_writes_alone(params, draft, k, join_every):
+    pair = Pair.load("synthetic", draft)
+    ref = alone(pair, PROMPTS, params, k)
+    got, _ = together(pair, PROMPTS, params, k, join_every=join_every)
+    assert got == ref
+
+
+def test_plain_batching_takes_fewer_passes_than_tokens():
+    pair = Pair.load("synthetic", None)
+    got, n_pass = together(pair, PROMPTS[:4], GREEDY, 4, max_tokens=40)
+    assert sum(map(len, got)) >= 2.5 * n_pass
+
+
+class SwappedRows(SyntheticBackend):
+    """Planted: the pass hands the first lane's rows to the second and back (a lane mix-up)."""
+
+    def score_many(self, asks):
+        rows = super().score_many(asks)
+        idx = [j for j, (_, _, want) in enumerate(asks) if want]
+        if len(idx) >= 2:
+            a, b = idx[0], idx[1]
+            n = min(len(rows[a]), len(rows[b]))
+            ra, rb = rows[a].copy(), rows[b].copy()
+            rows[a][:n], rows[b][:n] = rb[:n], ra[:n]
+        return rows
+
+
+def test_the_check_catches_a_pass_that_mixes_lanes():
+    pair = Pair(SwappedRows(), [])
+    ref = alone(pair, PROMPTS[:4], GREEDY, 4)
+    got, _ = together(pair, PROMPTS[:4], GREEDY, 4)
+    assert got != ref
+
+
+def test_an_error_in_one_stream_ends_that_stream_only():
+    pair = Pair.load("synthetic", "synthetic")
+    lanes = pair.lanes(2)
+    planner = pair.planner(4)
+    streams = [pair.start(lane, pair.encode(p), params=GREEDY, max_tokens=10, k=planner, seed=1)
+               for lane, p in zip(lanes, PROMPTS)]
+
+    def broken(*a, **kw):
+        raise RuntimeError("planted")
+    streams[1].sources[0].draft = broken
+    events = pass_streams(lanes[0].target, streams, planner)  # the prompts
+    events = pass_streams(lanes[0].target, streams, planner)
+    assert isinstance(events[0], Event) and isinstance(events[1], RuntimeError)
+
+
+def test_lanes_hold_their_own_sequences():
+    pair = Pair.load("synthetic", "synthetic")
+    lanes = pair.lanes(3)
+    assert len(lanes) == 3 and lanes[0].target is pair.target
+    assert len({id(lane.sources[0].backend) for lane in lanes}) == 3  # each lane its own draft cache
+    t = [lane.target for lane in lanes]
+    rows = t[0].score_many([(t[0], [1, 2, 3], True), (t[2], [4, 5], True), (t[1], [6], False)])
+    assert rows[2] is None and [x.n_past for x in t] == [3, 1, 2]
+    assert [x.held for x in t] == [[1, 2, 3], [6], [4, 5]]
+    assert np.array_equal(rows[1], SyntheticBackend().score([4, 5]))  # as that sequence alone
+    t[2].rewind(1)
+    assert t[2].held == [4] and t[0].held == [1, 2, 3]
