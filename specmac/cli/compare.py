@@ -125,7 +125,7 @@ def check_not_complete(out: Path) -> None:
     """Refuse to overwrite the complete record of an earlier run (one that stopped early is redone)."""
     try:
         old = json.loads((out / "results.json").read_text("utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not a record: nothing to keep from overwriting
         return
     if isinstance(old, dict) and old.get("complete") is True:
         prov = old.get("provenance") if isinstance(old.get("provenance"), dict) else {}

@@ -52,6 +52,9 @@ def load_record(directory: str | Path) -> dict:
                         "run", param="directory") from None
     except json.JSONDecodeError as e:
         raise BadOption(f"{path} is not valid JSON ({e.msg}): re-run specmac compare") from None
+    except RecursionError:  # the parser recurses once per level: a hostile file runs it out
+        raise BadOption(f"{path} is JSON nested too deeply to be a compare record: re-run specmac "
+                        "compare") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise BadOption(f"{path} is not a specmac compare record (format {FORMAT}): re-run specmac compare")
     for key, kind in (("settings", dict), ("results", list), ("predictions", dict), ("backends", dict)):
@@ -75,6 +78,8 @@ def build(record: dict, source: str | Path = "the record") -> tuple[str, dict]:
         problem = f"field {e.args[0]!r} is missing"
     except (TypeError, ValueError, AttributeError, IndexError) as e:
         problem = f"a field has the wrong type ({(str(e).splitlines() or [type(e).__name__])[0]})"
+    except RecursionError:
+        problem = "a field is nested too deeply"
     raise BadOption(f"{source}: {problem}: re-run specmac compare")
 
 
