@@ -62,10 +62,10 @@ def load_record(directory: str | Path) -> dict:
             raise BadOption(f"{path}: field {key!r} is missing or not a {kind.__name__}: re-run specmac "
                             "compare")
     check_rows(record, path)
-    from specmac.compare.results import _pyplot
+    from specmac.compare.results import pyplot
 
     for fig in build(record, path)[1].values():  # every field the outputs read, read once up front
-        _pyplot().close(fig)
+        pyplot().close(fig)
     return record
 
 
@@ -223,7 +223,9 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
               if machine.get("cpu_features") is not None else "")
            + f", {machine.get('cpu_count')} CPUs, {machine.get('platform')}",
            f"- {len(st['prompts'])} prompts ({', '.join(st['prompts'])}) \u00d7 {st['repeats']} repeats, "
-           f"{st['max_tokens']} new tokens each, temperature {s['temperature']}"
+           f"{st['max_tokens']} new tokens each"
+           + "".join(f" ({cat}: {n})" for cat, n in (st.get("max_tokens_for") or {}).items())
+           + f", temperature {s['temperature']}"
            + (f", top-k {s['top_k']}" if s["top_k"] else "")
            + (f", top-p {s['top_p']}" if s["top_p"] < 1 else "")
            + (f", min-p {s['min_p']}" if s["min_p"] else "") + f", seed {st['seed']}.",
