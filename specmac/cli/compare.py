@@ -40,7 +40,7 @@ Command-line values win over the config.
 \b
 Example:
   specmac compare --pair mlx:gguf --pair ngram:gguf --k 1-8 --repeats 3 --out cmp
-  SPECMAC_MODELS=~/models specmac compare --config bench/suites/real-pair-cpu.toml
+  specmac compare --config bench/suites/embedded.toml --exclusive
 """
 
 

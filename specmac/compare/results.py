@@ -152,21 +152,24 @@ def _brand_string() -> str:
 
 
 MACHINE_ENV = "SPECMAC_MACHINE"
-_NOT_FAMILY = {"amd", "intel", "r", "tm", "cpu", "processor"}
+_NOT_FAMILY = {"amd", "intel", "r", "tm", "cpu", "processor", "gen"}
 
 
 def machine_label(info: dict | None = None) -> str:
     """A short name of the machine for the folder of its records ($SPECMAC_MACHINE when set): the
     CPU's family and the widest extension that changes which kernels run, e.g. "xeon-amx",
     "epyc-avx512", "apple-m2", since a pass's cost and how it grows with its width follow those
-    rather than the model number."""
-    if os.environ.get(MACHINE_ENV):
-        return "-".join(re.findall(r"[a-z0-9_.]+", os.environ[MACHINE_ENV].lower())) or "machine"
-    info = machine() if info is None else info
-    words = re.findall(r"[a-z0-9]+", str(info.get("processor") or "").lower())
+    rather than the model number. ``info``: {"cpu_model", "cpu_features", "machine"} (default: this
+    machine's; the CPU's model name, since platform.processor() is "x86_64" or "arm" on many)."""
+    if os.environ.get(MACHINE_ENV):  # letters, digits and "_" only: never ".." or a path
+        return "-".join(re.findall(r"[a-z0-9_]+", os.environ[MACHINE_ENV].lower())) or "machine"
+    if info is None:
+        model, features = _cpu_info()
+        info = {"cpu_model": model, "cpu_features": features, "machine": platform.machine()}
+    words = re.findall(r"[a-z0-9]+", str(info.get("cpu_model") or "").lower())
     if words[:1] == ["apple"]:
         return "-".join(words[:2])
-    family = next((w for w in words if w not in _NOT_FAMILY and not w.isdigit()), "")
+    family = next((w for w in words if w not in _NOT_FAMILY and not w[0].isdigit()), "")
     features = info.get("cpu_features") or []
     widest = next((name for name, flag in (("amx", "amx_bf16"), ("avx512", "avx512f"), ("avx2", "avx2"))
                    if flag in features), "")
@@ -224,9 +227,6 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-_pyplot = pyplot  # the earlier private name, for scripts written against it
 
 
 def save_figure(fig, path: str | Path) -> Path:

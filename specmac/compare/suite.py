@@ -94,6 +94,9 @@ def expand_models(backends: dict[str, dict]) -> dict[str, dict]:
     back to ``models_home()``, any other variable that is not set is a BadOption naming it."""
     out = {}
     for name, table in backends.items():
+        if not isinstance(table, dict):  # check_table says what is wrong with it
+            out[name] = table
+            continue
         out[name] = dict(table)
         for key, path in table.items():
             if key.endswith("_model") and isinstance(path, str):
