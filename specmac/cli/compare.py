@@ -103,8 +103,9 @@ def _default_out() -> str:
               help="Tokens of the discarded warm-up run of each configuration.")
 @sampling_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
-              help="Output folder; {machine} in it is this machine's short name (e.g. xeon-amx, "
-                   "$SPECMAC_MACHINE when set). Default: ./specmac-compare-<UTC time>.")
+              help="Output folder; {machine} in it is this machine's short name (its CPU family and "
+                   "widest vector extension, or $SPECMAC_MACHINE when set). Default: "
+                   "./specmac-compare-<UTC time>.")
 @click.option("--exclusive", is_flag=True,
               help="Wait until no other specmac benchmark runs on this machine, and hold it (a lock "
                    "in the temporary folder): two that share the CPUs measure each other.")

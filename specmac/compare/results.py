@@ -141,7 +141,7 @@ def _cpu_info(text: str | None = None) -> tuple[str, list[str] | None]:
 
 
 def _brand_string() -> str:
-    """The CPU's name where there is no /proc/cpuinfo (macOS: "Apple M2 Pro"), else ""."""
+    """The CPU's name where there is no /proc/cpuinfo (macOS: the chip's brand string), else ""."""
     if platform.system() != "Darwin":
         return ""
     try:
@@ -157,10 +157,11 @@ _NOT_FAMILY = {"amd", "intel", "r", "tm", "cpu", "processor", "gen"}
 
 def machine_label(info: dict | None = None) -> str:
     """A short name of the machine for the folder of its records ($SPECMAC_MACHINE when set): the
-    CPU's family and the widest extension that changes which kernels run, e.g. "xeon-amx",
-    "epyc-avx512", "apple-m2", since a pass's cost and how it grows with its width follow those
-    rather than the model number. ``info``: {"cpu_model", "cpu_features", "machine"} (default: this
-    machine's; the CPU's model name, since platform.processor() is "x86_64" or "arm" on many)."""
+    CPU's family (the first word of its model name that is not a vendor or a number; an Apple chip's
+    first two words) and the widest of amx, avx512 and avx2 it has, since a pass's cost and how it
+    grows with its width follow the kernels those select rather than the model number. ``info``:
+    {"cpu_model", "cpu_features", "machine"} (default: this machine's; the CPU's model name, since
+    platform.processor() is "x86_64" or "arm" on many)."""
     if os.environ.get(MACHINE_ENV):  # letters, digits and "_" only: never ".." or a path
         return "-".join(re.findall(r"[a-z0-9_]+", os.environ[MACHINE_ENV].lower())) or "machine"
     if info is None:
