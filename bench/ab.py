@@ -300,9 +300,9 @@ def report(record: dict, backend: str, model: str, opts: dict) -> str:
 
 
 def plot(record: dict, path: Path) -> None:
-    from specmac.compare.results import _pyplot, save_figure
+    from specmac.compare.results import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     runs, drafts = record["runs"], [c for c in record["configs"] if c != "none"]
     cats = list(dict.fromkeys(record["prompts"].values()))
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cats)), 4))

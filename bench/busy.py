@@ -124,9 +124,9 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    from specmac.compare.results import _pyplot, save_figure
+    from specmac.compare.results import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(METHODS), figsize=(13, 3.8), sharey=True)
     for ax, method in zip(axes, METHODS):
         for i, setting in enumerate(SETTINGS):

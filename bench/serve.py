@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from peers import HFGenerate  # noqa: E402
 
 from specmac.api import Pair  # noqa: E402
-from specmac.compare.results import _pyplot, code_measured, provenance, save_figure, write_json  # noqa: E402
+from specmac.compare.results import code_measured, provenance, pyplot, save_figure, write_json  # noqa: E402
 from specmac.core.sampling import SamplingParams  # noqa: E402
 from specmac.serve.server import bind, make_server  # noqa: E402
 
@@ -230,7 +230,7 @@ def load_test(srv, clients: int, per_client: int, max_tokens: int, extra: dict) 
 
 
 def figure(record: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     rows = record["edit"]["rows"]
     names = list(rows)
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.5))

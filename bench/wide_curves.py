@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmac.compare.results import _pyplot, save_figure
+from specmac.compare.results import pyplot, save_figure
 
 OUT = Path("results/probes_wide")
 SHOW = [2, 4, 8, 9, 16, 17, 24, 32, 33]
@@ -47,7 +47,7 @@ def main() -> None:
              "draft kept at rate \u03b1 (E(n) = 1 + \u03b1 + \u2026 + \u03b1^(n-1) tokens for a pass "
              "of T(n)), in units of plain decoding's T(1).", "",
              "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.4))
     for name, r in records:
         n, t = np.asarray(r["n"]), np.asarray(r["batched_ms"], float)

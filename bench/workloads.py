@@ -37,7 +37,7 @@ from specmac.compare.categories import (
 )
 from specmac.compare.measure import PLAIN, Settings, aggregate, load_models, measure, parse_ks, parse_pairs
 from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
-from specmac.compare.results import _pyplot, provenance, save_figure, write_json
+from specmac.compare.results import provenance, pyplot, save_figure, write_json
 from specmac.compare.settings import AUTO, Config
 from specmac.core.sampling import SamplingParams
 
@@ -189,7 +189,7 @@ def budget(cats: list[dict], drafts: list[str]) -> tuple[list[str], list[dict]]:
 
 
 def figure(cats: list[dict], title: str):
-    plt = _pyplot()
+    plt = pyplot()
     categories = list(dict.fromkeys(r["category"] for r in cats))
     configs = [c for c in dict.fromkeys(r["config"] for r in cats) if not c.startswith(PLAIN)]
     fig, ax = plt.subplots(figsize=(10, 4.6))

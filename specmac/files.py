@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,17 @@ def cache_home() -> Path:
     """Where specmac keeps what outlives a run (converted models, measured pass costs):
     $SPECMAC_CACHE, else ~/.cache/specmac."""
     return Path(os.environ.get("SPECMAC_CACHE") or Path.home() / ".cache" / "specmac").expanduser()
+
+
+MODELS_ENV = "SPECMAC_MODELS"
+
+
+def models_home() -> Path:
+    """The folder of the model files a benchmark suite names: $SPECMAC_MODELS, else
+    ~/.cache/specmac/models. Not under $SPECMAC_CACHE, which a benchmark may point at a fresh
+    folder so that no kept pass cost carries over."""
+    return Path(os.environ.get(MODELS_ENV) or Path.home() / ".cache" / "specmac" / "models").expanduser()
+
 
 def read_capped(path: str | Path, limit: int, what: str, param: str | None = None) -> bytes:
     """The bytes of a file the user named, refused (BadOption) past ``limit`` bytes: a link to
@@ -119,3 +130,34 @@ def output_lock(path: str | Path, *, folder: bool, param: str = "out",
         if made:
             with contextlib.suppress(OSError):
                 where.rmdir()  # only if empty: the run wrote nothing
+
+
+BENCH_LOCK_NAME = "specmac-bench.lock"  # in the temporary folder: one per machine
+
+
+@contextlib.contextmanager
+def machine_lock(waiting: Callable[[str], None] | None = None, path: str | Path | None = None,
+                 command: str | None = None) -> Iterator[None]:
+    """Hold the machine for this benchmark: two that share the CPUs measure each other. An flock on
+    ``path`` (default: BENCH_LOCK_NAME in the temporary folder, the lock every specmac benchmark
+    takes), waited for; ``waiting`` is told who holds it, once, if another does. The file is never
+    removed, so a run that waits locks the same file as the one it waits for."""
+    path = Path(path) if path is not None else Path(tempfile.gettempdir()) / BENCH_LOCK_NAME
+    try:
+        fd, mine = os.open(path, os.O_RDWR | os.O_CREAT, 0o666), True
+    except PermissionError:  # another user's lock file: it can still be locked, not written
+        fd, mine = os.open(path, os.O_RDONLY), False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting(_holder(path))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        if mine:
+            os.ftruncate(fd, 0)
+            info = {"pid": os.getpid(), "command": command or shlex.join(["specmac", *sys.argv[1:]])}
+            os.write(fd, json.dumps(info).encode())
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor drops the lock

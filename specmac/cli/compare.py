@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import shlex
@@ -10,9 +11,10 @@ import time
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
-from specmac.cli.app import UserError, emit_json, main, sampling_options, sampling_params
-from specmac.files import output_lock
+from specmac.cli.app import UserError, emit_json, main, one_line, sampling_options, sampling_params
+from specmac.files import machine_lock, output_lock
 
 COMPARE_HELP = """Measure draft/target pairings side by side: every --pair at every K, plus each
 target's own plain decoding, interleaved in one run, with the cost model's prediction
@@ -24,15 +26,21 @@ Models and options per backend (default: the embedded tiny pair):
   --opt gguf:n_threads=2  (both roles)   --draft-opt torch:dtype=float32
 or a TOML --config with one table per backend:
   [gguf]
-  target_model = "target.gguf"
+  target_model = "$SPECMAC_MODELS/target.gguf"
   draft_model = "draft.gguf"
   options = { n_threads = 2 }
   draft_options = { quant = "q8_0" }
+and, in a [compare] table, any flag below (a suite: bench/suites/*.toml):
+  [compare]
+  pairs = ["gguf:gguf", "ngram:gguf"]
+  k = "1-8"
+  out = "results/my-suite/{machine}"
 Command-line values win over the config.
 
 \b
 Example:
   specmac compare --pair mlx:gguf --pair ngram:gguf --k 1-8 --repeats 3 --out cmp
+  specmac compare --config bench/suites/embedded.toml --exclusive
 """
 
 
@@ -75,7 +83,7 @@ def _default_out() -> str:
 @click.option("--draft-opt", multiple=True, metavar="BACKEND:KEY=VALUE", help="Option of a draft backend.")
 @click.option("--target-opt", multiple=True, metavar="BACKEND:KEY=VALUE", help="Option of a target backend.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="FILE.toml",
-              help="Models and options per backend (see above).")
+              help="Models and options per backend, and any flag in a [compare] table (see above).")
 @click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="A .json list of prompts, a .jsonl workload (Spec-Bench's shape: question_id, "
                    "category, turns), or text with prompts separated by '---' lines; specmac:workload "
@@ -84,48 +92,104 @@ def _default_out() -> str:
 @click.option("--turns", type=click.Choice(["first", "all"]), default="first", show_default=True,
               help="Of a .jsonl workload's turns: the first user turn, or the whole conversation.")
 @click.option("--chat", is_flag=True, help="Apply each target's chat template to the prompts.")
+@click.option("--categories", metavar="LIST", help="Only the prompts of these categories (comma list).")
+@click.option("--per-category", type=int, metavar="N", help="Only the first N prompts of each category.")
 @click.option("--n-prompts", type=int, help="Use only the first N prompts.")
 @click.option("--max-tokens", type=int, default=64, show_default=True, help="New tokens per run.")
+@click.option("--max-tokens-for", multiple=True, metavar="CATEGORY=N",
+              help="New tokens per run for the prompts of one category, repeatable.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Rounds over every prompt.")
 @click.option("--warmup-tokens", type=int, default=8, show_default=True,
               help="Tokens of the discarded warm-up run of each configuration.")
 @sampling_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
-              help="Output folder. Default: ./specmac-compare-<UTC time>.")
+              help="Output folder; {machine} in it is this machine's short name (its CPU family and "
+                   "widest vector extension, or $SPECMAC_MACHINE when set). Default: "
+                   "./specmac-compare-<UTC time>.")
+@click.option("--exclusive", is_flag=True,
+              help="Wait until no other specmac benchmark runs on this machine, and hold it (a lock "
+                   "in the temporary folder): two that share the CPUs measure each other.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results record as JSON.")
-def compare(pairs, k_text, draft_model, target_model, opt, draft_opt, target_opt, config_path,
-            prompts_path, turns, chat, n_prompts, max_tokens, repeats, warmup_tokens, out_dir, as_json, **kw):
+def compare(config_path, as_json, **kw):
     from specmac.compare import measure as cmp
-    from specmac.compare import prompts, report
+    from specmac.compare import prompts, report, suite
     from specmac.compare.results import check_output
 
-    if max_tokens < 1 or repeats < 1 or warmup_tokens < 1:
+    config, backend_tables = suite.split(cmp.read_config(config_path)) if config_path else ({}, None)
+    _from_config(click.get_current_context(), kw, suite.flag_values(config))
+    pairs = kw["pairs"]
+    if kw["max_tokens"] < 1 or kw["repeats"] < 1 or kw["warmup_tokens"] < 1:
         raise UserError("--max-tokens, --repeats and --warmup-tokens must be integers >= 1")
+    categories = [c.strip() for c in kw["categories"].split(",")] if kw["categories"] else None
+    tokens_for = _max_tokens_for(kw["max_tokens_for"])
+    chosen = prompts.select(prompts.read_prompts(kw["prompts_path"], None, kw["turns"]), categories,
+                            kw["per_category"], tokens_for)
     settings = cmp.Settings(
-        pairs=cmp.parse_pairs(pairs), ks=cmp.parse_ks(k_text), skip_unpairable=not pairs or "all" in pairs,
-        prompts=prompts.read_prompts(prompts_path, n_prompts, turns), params=sampling_params(kw), chat=chat,
-        max_tokens=max_tokens, repeats=repeats, seed=kw["seed"], warmup_tokens=warmup_tokens,
+        pairs=cmp.parse_pairs(pairs), ks=cmp.parse_ks(kw["k_text"]),
+        skip_unpairable=not pairs or "all" in pairs,
+        prompts=prompts.first(chosen, kw["n_prompts"]), params=sampling_params(kw),
+        chat=kw["chat"], max_tokens=kw["max_tokens"], repeats=kw["repeats"], seed=kw["seed"],
+        warmup_tokens=kw["warmup_tokens"], max_tokens_for=tokens_for,
         backends=cmp.backend_settings(
-            cmp.read_config(config_path) if config_path else None,
-            draft_model=_backend_kv(draft_model, "--draft-model"),
-            target_model=_backend_kv(target_model, "--target-model"),
-            opts=_backend_opts(opt, "--opt"), draft_opts=_backend_opts(draft_opt, "--draft-opt"),
-            target_opts=_backend_opts(target_opt, "--target-opt")))
-    out = Path(out_dir or _default_out())
+            suite.expand_models(backend_tables) if backend_tables is not None else None,
+            draft_model=_backend_kv(kw["draft_model"], "--draft-model"),
+            target_model=_backend_kv(kw["target_model"], "--target-model"),
+            opts=_backend_opts(kw["opt"], "--opt"), draft_opts=_backend_opts(kw["draft_opt"], "--draft-opt"),
+            target_opts=_backend_opts(kw["target_opt"], "--target-opt")))
+    out = Path(suite.out_folder(kw["out_dir"]) if kw["out_dir"] else _default_out())
     check_output(out, "out", folder=True)  # before anything is loaded or measured
     command = shlex.join(["specmac", *sys.argv[1:]])
     with output_lock(out, folder=True, command=command):  # one run per folder (a second is refused)
         check_not_complete(out)
-        code = _compare_into(out, cmp, report, settings, command, as_json)
+        with machine_lock(_waiting, command=command) if kw["exclusive"] else contextlib.nullcontext():
+            code = _compare_into(out, cmp, report, settings, command, as_json)
     if code:
         sys.exit(code)
+
+
+# a key of the config's [compare] table -> the name of the parameter of its flag
+_PARAM_OF = {"pairs": "pairs", "k": "k_text", "prompts": "prompts_path", "out": "out_dir"}
+
+
+def _from_config(ctx: click.Context, kw: dict, values: dict) -> None:
+    """The [compare] table's value of every flag the command line did not give, checked as the
+    flag's own value would be."""
+    params = {p.name: p for p in ctx.command.params}
+    for key, value in values.items():
+        name = _PARAM_OF.get(key, key)
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            continue
+        try:
+            kw[name] = params[name].type_cast_value(ctx, value)
+        except click.BadParameter as e:
+            raise UserError(f"--config [compare] {key} = {value!r}: {one_line(e.format_message())}") from None
+
+
+def _max_tokens_for(values: tuple[str, ...]) -> dict[str, int]:
+    """("code_editing=256", ...) -> {"code_editing": 256}."""
+    out = {}
+    for item in values:
+        cat, sep, n = item.partition("=")
+        try:
+            out[cat.strip()] = int(n)
+        except ValueError:
+            raise UserError(f"--max-tokens-for {item!r} is not CATEGORY=N: write e.g. --max-tokens-for "
+                            "code_editing=256") from None
+        if not sep or not cat.strip():
+            raise UserError(f"--max-tokens-for {item!r} is not CATEGORY=N: write e.g. --max-tokens-for "
+                            "code_editing=256")
+    return out
+
+
+def _waiting(holder: str) -> None:
+    click.echo(f"compare: waiting for another benchmark on this machine to end ({holder})", err=True)
 
 
 def check_not_complete(out: Path) -> None:
     """Refuse to overwrite the complete record of an earlier run (one that stopped early is redone)."""
     try:
         old = json.loads((out / "results.json").read_text("utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not a record: nothing to keep from overwriting
         return
     if isinstance(old, dict) and old.get("complete") is True:
         prov = old.get("provenance") if isinstance(old.get("provenance"), dict) else {}

@@ -48,11 +48,44 @@ def read_prompts(path: str | None, limit: int | None = None, turns: str = "first
         prompts = parse_workload(_read_text(path), path, turns)
     else:
         prompts = _parse_prompts(_read_text(path), json_file=path.endswith(".json"), source=path)
-    if limit is not None:
-        if limit < 1:
-            raise BadOption(f"n_prompts {limit} is out of range: use an integer >= 1", param="n_prompts")
-        prompts = prompts[:limit]
-    return prompts
+    return first(prompts, limit)
+
+
+def first(prompts: list[dict], limit: int | None) -> list[dict]:
+    """The first ``limit`` prompts (all when None)."""
+    if limit is None:
+        return prompts
+    if limit < 1:
+        raise BadOption(f"n_prompts {limit} is out of range: use an integer >= 1", param="n_prompts")
+    return prompts[:limit]
+
+
+def select(prompts: list[dict], categories: list[str] | None = None, per_category: int | None = None,
+           max_tokens_for: dict[str, int] | None = None) -> list[dict]:
+    """The prompts of ``categories`` (all when None), the first ``per_category`` of each, and each
+    prompt of a category in ``max_tokens_for`` with that many new tokens ("max_tokens"): an answer
+    that rewrites a file is longer than one that answers a question."""
+    known = list(dict.fromkeys(p.get("category", "") for p in prompts))
+    for param, names in (("categories", categories or []), ("max_tokens_for", list(max_tokens_for or {}))):
+        if unknown := [c for c in names if c not in known]:
+            have = ", ".join(repr(c) for c in known)
+            raise BadOption(f"{param}: no prompt has the category {unknown[0]!r}; these prompts have {have}",
+                            param=param)
+    if per_category is not None and per_category < 1:
+        raise BadOption(f"per_category {per_category} is out of range: use an integer >= 1",
+                        param="per_category")
+    for cat, n in (max_tokens_for or {}).items():
+        if n < 1:
+            raise BadOption(f"max_tokens_for {cat}={n} is out of range: use an integer >= 1",
+                            param="max_tokens_for")
+    out, seen = [], dict.fromkeys(known, 0)
+    for p in prompts:
+        cat = p.get("category", "")
+        if (categories is None or cat in categories) and (per_category is None or seen[cat] < per_category):
+            seen[cat] += 1
+            n = (max_tokens_for or {}).get(cat)
+            out.append(p if n is None else {**p, "max_tokens": n})
+    return out
 
 
 def _read_text(path: str) -> str:

@@ -52,6 +52,9 @@ def load_record(directory: str | Path) -> dict:
                         "run", param="directory") from None
     except json.JSONDecodeError as e:
         raise BadOption(f"{path} is not valid JSON ({e.msg}): re-run specmac compare") from None
+    except RecursionError:  # the parser recurses once per level: a hostile file runs it out
+        raise BadOption(f"{path} is JSON nested too deeply to be a compare record: re-run specmac "
+                        "compare") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise BadOption(f"{path} is not a specmac compare record (format {FORMAT}): re-run specmac compare")
     for key, kind in (("settings", dict), ("results", list), ("predictions", dict), ("backends", dict)):
@@ -59,10 +62,10 @@ def load_record(directory: str | Path) -> dict:
             raise BadOption(f"{path}: field {key!r} is missing or not a {kind.__name__}: re-run specmac "
                             "compare")
     check_rows(record, path)
-    from specmac.compare.results import _pyplot
+    from specmac.compare.results import pyplot
 
     for fig in build(record, path)[1].values():  # every field the outputs read, read once up front
-        _pyplot().close(fig)
+        pyplot().close(fig)
     return record
 
 
@@ -75,6 +78,8 @@ def build(record: dict, source: str | Path = "the record") -> tuple[str, dict]:
         problem = f"field {e.args[0]!r} is missing"
     except (TypeError, ValueError, AttributeError, IndexError) as e:
         problem = f"a field has the wrong type ({(str(e).splitlines() or [type(e).__name__])[0]})"
+    except RecursionError:
+        problem = "a field is nested too deeply"
     raise BadOption(f"{source}: {problem}: re-run specmac compare")
 
 
@@ -218,7 +223,9 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
               if machine.get("cpu_features") is not None else "")
            + f", {machine.get('cpu_count')} CPUs, {machine.get('platform')}",
            f"- {len(st['prompts'])} prompts ({', '.join(st['prompts'])}) \u00d7 {st['repeats']} repeats, "
-           f"{st['max_tokens']} new tokens each, temperature {s['temperature']}"
+           f"{st['max_tokens']} new tokens each"
+           + "".join(f" ({cat}: {n})" for cat, n in (st.get("max_tokens_for") or {}).items())
+           + f", temperature {s['temperature']}"
            + (f", top-k {s['top_k']}" if s["top_k"] else "")
            + (f", top-p {s['top_p']}" if s["top_p"] < 1 else "")
            + (f", min-p {s['min_p']}" if s["min_p"] else "") + f", seed {st['seed']}.",

@@ -12,6 +12,7 @@ import datetime
 import hashlib
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specmac.errors import BadOption
-from specmac.files import write_json  # noqa: F401  (re-exported: the bench scripts' writer)
+from specmac.files import write_json  # noqa: F401  (re-exported: the writer of every record)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,8 +42,8 @@ _AT_START: list[str | None] = []  # the commit when this process first asked (``
 
 def code_measured() -> str | None:
     """The commit of the code this process runs: the checkout as it was at the first call (every
-    bench script and compare call it before they measure, through ``provenance`` or directly), so a
-    tree edited during a run is not recorded as what was measured."""
+    measuring command calls it before it measures, through ``provenance`` or directly), so a tree
+    edited during a run is not recorded as what was measured."""
     if not _AT_START:
         _AT_START.append(git_sha())
     return _AT_START[0]
@@ -121,13 +122,13 @@ def machine() -> dict:
 
 
 def _cpu_info(text: str | None = None) -> tuple[str, list[str] | None]:
-    """(model name, the CPU_FEATURES it has) from /proc/cpuinfo's first processor; ("", None)
-    where there is no such file (macOS: an Apple chip's extensions are not named there)."""
+    """(model name, the CPU_FEATURES it has) from /proc/cpuinfo's first processor; on macOS the
+    brand sysctl names the chip and no feature list is known (None)."""
     if text is None:
         try:
             text = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return "", None
+            return _brand_string(), None
     model, flags = "", None
     for line in text.splitlines():
         key, _, value = line.partition(":")
@@ -137,6 +138,43 @@ def _cpu_info(text: str | None = None) -> tuple[str, list[str] | None]:
         elif key in ("flags", "Features") and flags is None:  # x86, ARM
             flags = set(value.split())
     return model, None if flags is None else [f for f in CPU_FEATURES if f in flags]
+
+
+def _brand_string() -> str:
+    """The CPU's name where there is no /proc/cpuinfo (macOS: the chip's brand string), else ""."""
+    if platform.system() != "Darwin":
+        return ""
+    try:
+        return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+MACHINE_ENV = "SPECMAC_MACHINE"
+_NOT_FAMILY = {"amd", "intel", "r", "tm", "cpu", "processor", "gen"}
+
+
+def machine_label(info: dict | None = None) -> str:
+    """A short name of the machine for the folder of its records ($SPECMAC_MACHINE when set): the
+    CPU's family (the first word of its model name that is not a vendor or a number; an Apple chip's
+    first two words) and the widest of amx, avx512 and avx2 it has, since a pass's cost and how it
+    grows with its width follow the kernels those select rather than the model number. ``info``:
+    {"cpu_model", "cpu_features", "machine"} (default: this machine's; the CPU's model name, since
+    platform.processor() is "x86_64" or "arm" on many)."""
+    if os.environ.get(MACHINE_ENV):  # letters, digits and "_" only: never ".." or a path
+        return "-".join(re.findall(r"[a-z0-9_]+", os.environ[MACHINE_ENV].lower())) or "machine"
+    if info is None:
+        model, features = _cpu_info()
+        info = {"cpu_model": model, "cpu_features": features, "machine": platform.machine()}
+    words = re.findall(r"[a-z0-9]+", str(info.get("cpu_model") or "").lower())
+    if words[:1] == ["apple"]:
+        return "-".join(words[:2])
+    family = next((w for w in words if w not in _NOT_FAMILY and not w[0].isdigit()), "")
+    features = info.get("cpu_features") or []
+    widest = next((name for name, flag in (("amx", "amx_bf16"), ("avx512", "avx512f"), ("avx2", "avx2"))
+                   if flag in features), "")
+    return "-".join(p for p in (family, widest) if p) or str(info.get("machine") or "machine").lower()
 
 
 def provenance(command: str | None = None, models: Sequence[str | Path | None] = ()) -> dict:
@@ -182,7 +220,8 @@ def check_output(path: str | Path, param: str, *, folder: bool = False, image: b
                         "path", param=param)
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files, no window), imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -196,13 +235,13 @@ def save_figure(fig, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
 def plot_parallelism(records: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
     """T(n) batched vs serial vs ideal, one panel per probe record."""
-    plt = _pyplot()
+    plt = pyplot()
     cols = min(len(records), 3)
     rows = (len(records) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
@@ -238,7 +277,7 @@ def _quartile_bars(med: Sequence[float], quartiles: Sequence[Sequence[float]] | 
 def plot_speedup(series: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
     """Predicted S(K) per series ({"label", "table"} with advise's table); measured points, if
     a series has "measured": [{"k", "speedup"}], are drawn as markers in the same colour."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4 + 2.6 * (len(series) > 2), 4.2))
     for i, s in enumerate(series):
         ks = [row["k"] for row in s["table"]]

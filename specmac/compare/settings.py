@@ -81,6 +81,7 @@ class Settings:
     # the pairs are every combination (no --pair): drop those whose vocabularies differ, and say so
     skip_unpairable: bool = False
     chat: bool = False  # prompts go through each target's chat template
+    max_tokens_for: dict[str, int] = field(default_factory=dict)  # category -> its prompts' new tokens
 
     def prompt_text(self, target: Any, prompt: dict) -> str:
         """What ``target`` (a backend) is given for ``prompt``: its chat template applied to the
@@ -107,6 +108,7 @@ class Settings:
                 "prompts": [p["id"] for p in self.prompts], "sampling": self.params.to_dict(),
                 "max_tokens": self.max_tokens, "repeats": self.repeats, "seed": self.seed,
                 "warmup_tokens": self.warmup_tokens, "backends": self.backends, "chat": self.chat,
+                "max_tokens_for": self.max_tokens_for,
                 "categories": {p["id"]: p.get("category", "") for p in self.prompts}}
 
 

@@ -12,9 +12,9 @@ much as separate passes (serial). Verdict thresholds (``costs.BETA_PARALLEL/SERI
 * beta < 0.25, **parallel**: verifying K + 1 = 5 tokens costs at most 2 one-token passes, so a
   good draft can still give a speedup of up to (K + 1) / (1 + beta K) -> 1/beta = 4x and more.
 * 0.25 <= beta < 0.75, **partly serial**: speculation can pay only with a very cheap draft and
-  high acceptance; the bound above is 1.3x..4x.
+  high acceptance; the bound above, 1/beta, lies between 4/3 and 4.
 * beta >= 0.75, **serial**: even a free draft accepted every time gains < (K + 1) / (1 + 0.75 K)
-  < 1.33x, which the draft's own cost and rejections eat: speculation will not pay.
+  < 4/3, which the draft's own cost and rejections eat: speculation will not pay.
 
 The numerical side: batched and serial logits of the same tokens differ by round-off (different
 kernels / reduction orders); in low precision that flips the argmax now and then, which is why

@@ -395,6 +395,29 @@ def test_report_refuses_a_record_it_would_render_wrong(tmp_path, good_record, da
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
+@pytest.mark.parametrize("text", [
+    "[" * 100_000 + "]" * 100_000,
+    '{"a": ' * 100_000 + "0" + "}" * 100_000,
+], ids=["lists", "objects"])
+def test_report_refuses_a_record_nested_too_deeply(tmp_path, text):
+    """JSON nested past Python's recursion limit is a malformed record like any other."""
+    (tmp_path / "results.json").write_text(text)
+    r = invoke(["report", tmp_path])
+    _one_line(r.exit_code, r.stderr, "nested too deeply")
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_compare_into_a_folder_with_a_deeply_nested_record_measures(tmp_path, monkeypatch):
+    """compare reads an old results.json in --out only to refuse overwriting a complete one: one
+    nested too deeply for the parser is not a complete record, and the run goes ahead."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "results.json").write_text("[" * 100_000 + "]" * 100_000)
+    r = invoke([*QUICK_COMPARE, "--repeats", "1", "--out", "o"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["complete"] is True
+
+
 @pytest.mark.parametrize("what", ["config", "record"])
 def test_dev_zero_is_refused_by_size(tmp_path, what):
     if not Path("/dev/zero").exists():
