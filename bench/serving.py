@@ -174,6 +174,27 @@ def converse(base: str, model: str, turns: list[dict]) -> list[dict]:
     return out
 
 
+def memory(base: str, model: str, pid: int, n: int) -> dict:
+    """n conversations, each a system prompt of its own (a file of this repository, ~500 tokens) and
+    one short turn: the server's resident memory and its store's size (/metrics) every tenth."""
+    import openai
+
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=600)
+    files = sorted((ROOT / "specmac").rglob("*.py"))
+    samples = [{"conversations": 0, "rss_mib": rss_mib(pid), "store_bytes": 0.0}]
+    for c in range(n):
+        text = "\n".join(files[c % len(files)].read_text().splitlines()[:40])
+        msgs = [{"role": "system", "content": f"Conversation {c}. You answer about this file:\n{text}"},
+                {"role": "user", "content": "What is it for?"}]
+        ask_streaming(client, model, msgs, 4)
+        if (c + 1) % 10 == 0:
+            metrics = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=10).text
+            size = next((float(ln.split()[-1]) for ln in metrics.splitlines()
+                         if ln.startswith("specmac_store_bytes ")), float("nan"))
+            samples.append({"conversations": c + 1, "rss_mib": rss_mib(pid), "store_bytes": size})
+    return {"samples": samples}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -208,12 +229,14 @@ def servers(a) -> dict[str, list[str]]:
     topts = [x for o in a.target_opt for x in ("--target-opt", o)]
     spec = [py, "-m", "specmac", "serve", "--port", "{port}", "--target", a.target_backend,
             "--target-model", target, *topts, "--model-name", "m", "--log-level", "warning"]
+    if a.cache_ram is not None:
+        spec += ["--cache-ram", str(a.cache_ram)]
     wide = [*spec, "--parallel", str(a.parallel)]
     both = ["--draft", "lookup+gguf", "--draft-model", draft, "--k", "auto"]
     out = {"specmac none": [*wide, "--draft", "none"],
            "specmac gguf": [*wide, "--draft", "gguf", "--draft-model", draft, "--k", "auto"],
            "specmac lookup+gguf": [*wide, *both],
-           "specmac lookup+gguf, one at a time": [*spec, "--parallel", "1", *both]}
+           "specmac lookup+gguf (one at a time)": [*spec, "--parallel", "1", *both]}
     if a.target_backend == "gguf":
         here = str(Path(__file__).resolve())
         out["llama_cpp.server"] = [py, here, "--llama-server", target, "{port}"]
@@ -273,11 +296,17 @@ def measure(name: str, command: list[str], scenarios: dict[str, list]) -> dict:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name} did not start")
             time.sleep(1)
+        import openai  # a first request: a server that loads its model lazily has loaded it
+
+        warm = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=1800)
+        ask_streaming(warm, model, [{"role": "user", "content": "Hello"}], 2)
         out = {}
         for sname, work in scenarios.items():
             if sname == "streams":
                 out[sname] = {"streams": [concurrent(base, model, n) for n in work],
                               "rss_mib": rss_mib(proc.pid)}
+            elif sname == "memory":
+                out[sname] = memory(base, model, proc.pid, work)
             else:
                 out[sname] = {"turns": converse(base, model, work), "rss_mib": rss_mib(proc.pid)}
         return out
@@ -312,7 +341,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target-backend", default="gguf")
     ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--servers", help="comma-separated names of the servers to run (default all)")
-    ap.add_argument("--scenarios", default="chat,agent,streams", help="comma-separated: chat, agent, streams")
+    ap.add_argument("--scenarios", default="chat,agent,streams",
+                    help="comma-separated: chat, agent, streams, memory")
+    ap.add_argument("--conversations", type=int, default=100, help="the memory scenario's conversations")
+    ap.add_argument("--cache-ram", type=int, help="specmac's --cache-ram, MiB (default its own)")
     ap.add_argument("--streams", default="1,2,4,8", help="the concurrent clients of the streams scenario")
     ap.add_argument("--parallel", type=int, help="specmac's --parallel (default the most streams)")
     ap.add_argument("--repeats", type=int, default=2)
@@ -323,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
     ns = [int(x) for x in a.streams.split(",")]
     a.parallel = a.parallel or max(ns)
     source = "\n".join((ROOT / "specmac/core/sampling.py").read_text().splitlines()[:60]) + "\n"
-    every = {"chat": chat_turns(source), "agent": agent_turns(), "streams": ns}
+    every = {"chat": chat_turns(source), "agent": agent_turns(), "streams": ns, "memory": a.conversations}
     scenarios = {k: every[k] for k in a.scenarios.split(",")}
     plan = servers(a)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -337,6 +369,12 @@ def main(argv: list[str] | None = None) -> None:
                 res = measure(name, plan[name], scenarios)
                 for sname, v in res.items():
                     runs.append({"server": name, "scenario": sname, "round": r, **v})
+                    if sname == "memory":
+                        last = v["samples"][-1]
+                        print(f"r{r} {name:36s} memory: {last['conversations']} conversations, RSS "
+                              f"{last['rss_mib']:.0f} MiB, store {last['store_bytes'] / 2**20:.1f} MiB",
+                              file=sys.stderr, flush=True)
+                        continue
                     if sname == "streams":
                         line = " ".join(f"N={x['n']}: {x['tokens_per_second']:.1f}" for x in v["streams"])
                         print(f"r{r} {name:36s} streams tok/s {line}", file=sys.stderr, flush=True)
@@ -349,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
               "servers": {k: shlex.join(v) for k, v in plan.items()}, "curve": curve, "runs": runs}
     (a.out / "results.json").write_text(json.dumps(record, indent=1))
     (a.out / "README.md").write_text(report(record))
-    if any(r["scenario"] != "streams" for r in runs):
+    if any(r["scenario"] in ("chat", "agent") for r in runs):
         plot(record, a.out / "turns.png")
     if "streams" in scenarios:
         plot_streams(record, a.out / "streams.png")
@@ -372,7 +410,7 @@ def report(record: dict) -> str:
              f"`{prov['command']}`", "",
              f"{prov['machine'].get('processor')}; commit {prov['git_sha']}; greedy, streaming, the official "
              "openai client on 127.0.0.1. Medians over the rounds; the range in brackets.", ""]
-    for sname in dict.fromkeys(r["scenario"] for r in runs if r["scenario"] != "streams"):
+    for sname in dict.fromkeys(r["scenario"] for r in runs if r["scenario"] in ("chat", "agent")):
         sub = [r for r in runs if r["scenario"] == sname]
         n_turns = len(sub[0]["turns"])
         lines += [f"## {sname} ({n_turns} turns)", "",
@@ -391,6 +429,17 @@ def report(record: dict) -> str:
             lines.append(f"| {name} | {med(first):.2f} s | {med(later):.2f} s {span} | "
                          f"{med(totals):.1f} s [{min(totals):.1f}, {max(totals):.1f}] | "
                          f"{'-' if cached is None else cached} | {med([r['rss_mib'] for r in rs]):.0f} |")
+        lines.append("")
+    mem = [r for r in runs if r["scenario"] == "memory"]
+    if mem:
+        lines += ["## Memory across conversations", "",
+                  "Each conversation a system prompt of its own (~500 tokens) and one 4-token answer; the "
+                  "server's resident memory and its store's size (specmac_store_bytes) every tenth.", "",
+                  "| server | round | " + " | ".join(f"after {s['conversations']}" for s in mem[0]["samples"])
+                  + " |", "|---|---:|" + "---:|" * len(mem[0]["samples"])]
+        for r in mem:
+            cells = [f"{s['rss_mib']:.0f} MiB (store {s['store_bytes'] / 2**20:.0f})" for s in r["samples"]]
+            lines.append(f"| {r['server']} | {r['round']} | " + " | ".join(cells) + " |")
         lines.append("")
     sub = [r for r in runs if r["scenario"] == "streams"]
     if sub:
@@ -437,7 +486,7 @@ def streams_report(sub: list[dict], names: list[str], curve: dict | None) -> lis
                 c.get("vllm:spec_decode_num_drafts_total", 0), 1)
             tokens = c.get("specmac_generated_tokens_total", 0) / max(c.get("llamacpp:n_decode_total", 0), 1)
             lines.append(f"| {name} | {n} | {per_pass:.2f} | {drafts:.2f} | {tokens:.2f} |")
-    alone = [r for r in sub if r["server"].endswith("one at a time")]
+    alone = [r for r in sub if r["server"].endswith("(one at a time)")]
     if alone:
         others = [n for n in names if n.startswith("specmac") and n != alone[0]["server"]]
         lines += ["", "Answers equal to the one-at-a-time server's answer to the same question (greedy): "
@@ -463,9 +512,9 @@ def same_texts(sub: list[dict], name: str, alone: list[dict]) -> str:
 
 
 def plot_streams(record: dict, path: Path) -> None:
-    from specmac.compare.results import _pyplot, save_figure
+    from specmac.compare.results import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     sub = [r for r in record["runs"] if r["scenario"] == "streams"]
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in dict.fromkeys(r["server"] for r in sub):
@@ -481,11 +530,11 @@ def plot_streams(record: dict, path: Path) -> None:
 
 
 def plot(record: dict, path: Path) -> None:
-    from specmac.compare.results import _pyplot, save_figure
+    from specmac.compare.results import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     runs = record["runs"]
-    scen = list(dict.fromkeys(r["scenario"] for r in runs))
+    scen = list(dict.fromkeys(r["scenario"] for r in runs if r["scenario"] in ("chat", "agent")))
     fig, axes = plt.subplots(1, len(scen), figsize=(6 * len(scen), 4))
     for ax, sname in zip(np.atleast_1d(axes), scen):
         for name in dict.fromkeys(r["server"] for r in runs):
