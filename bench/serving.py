@@ -175,7 +175,7 @@ def converse(base: str, model: str, turns: list[dict]) -> list[dict]:
 
 
 def memory(base: str, model: str, pid: int, n: int) -> dict:
-    """n conversations, each a system prompt of its own (a file of this repository, ~500 tokens) and
+    """n conversations, each a system prompt of its own (the start of a file of this repository) and
     one short turn: the server's resident memory and its store's size (/metrics) every tenth."""
     import openai
 
@@ -183,7 +183,7 @@ def memory(base: str, model: str, pid: int, n: int) -> dict:
     files = sorted((ROOT / "specmac").rglob("*.py"))
     samples = [{"conversations": 0, "rss_mib": rss_mib(pid), "store_bytes": 0.0}]
     for c in range(n):
-        text = "\n".join(files[c % len(files)].read_text().splitlines()[:40])
+        text = "\n".join(files[c % len(files)].read_text().splitlines()[:15])
         msgs = [{"role": "system", "content": f"Conversation {c}. You answer about this file:\n{text}"},
                 {"role": "user", "content": "What is it for?"}]
         ask_streaming(client, model, msgs, 4)
@@ -433,8 +433,9 @@ def report(record: dict) -> str:
     mem = [r for r in runs if r["scenario"] == "memory"]
     if mem:
         lines += ["## Memory across conversations", "",
-                  "Each conversation a system prompt of its own (~500 tokens) and one 4-token answer; the "
-                  "server's resident memory and its store's size (specmac_store_bytes) every tenth.", "",
+                  "Each conversation a system prompt of its own (a file's first 15 lines) and one 4-token "
+                  "answer; the server's resident memory and its store's size (specmac_store_bytes) every "
+                  "tenth.", "",
                   "| server | round | " + " | ".join(f"after {s['conversations']}" for s in mem[0]["samples"])
                   + " |", "|---|---:|" + "---:|" * len(mem[0]["samples"])]
         for r in mem:

@@ -54,6 +54,7 @@ class Event:
     n_cached: int = 0  # tokens of the prompt the target already held (on the first event)
     source: str = "none"  # the source that drafted this step (its name), "none" for a step without drafts
     n_batch: int = 1  # sequences that shared the step's pass (itself included)
+    n_caught_up: int = 0  # tokens the drafting model processed before drafting (text it had not seen)
 
 
 @dataclass
@@ -220,7 +221,8 @@ class Stream:
         event = Event(tokens=new, kinds=kinds, k=len(drafts), n_drafted=len(drafts), n_accepted=a,
                       t_draft=t_draft, t_target=t_target, t_other=t_other, finish_reason=done,
                       t_prefill=self.t_prefill, source=sources[src].name if drafts else "none",
-                      n_cached=self.n_cached, n_batch=n_batch)
+                      n_cached=self.n_cached, n_batch=n_batch,
+                      n_caught_up=ask.behind.get(src, 0) if drafts else 0)
         self.t_prefill, self.n_cached, self.done = 0.0, 0, done is not None
         return event
 

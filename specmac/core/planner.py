@@ -173,6 +173,7 @@ class Planner:
         self.sources, self.costs, self.k = list(sources), costs or Costs(), k
         self.length, self.decay = float(length), float(decay)
         self.priors = {(s.name, kind): p for s in self.sources for kind, p in s.priors.items()}
+        self._free = any(s.backend is None for s in self.sources)  # free sources beside the models
         self.last: Record | None = None  # the latest sequence started (a run's stats read it)
         self.kept: object | None = None  # where the costs were kept (the tuning layer's; never read here)
         self.settled = ""  # what became of them after the run (set by the API)
@@ -218,8 +219,11 @@ class Planner:
             if not moved:
                 break
         out = [(o[0][i], int(o[1][i])) for o, i in zip(opts, pick)]
-        if len(asks) == 1 and out[0] == (None, 0) and self.k is None:  # nothing pays at the means
-            return [self._try(*asks[0]) or out[0]]
+        for r, ask in enumerate(asks):  # nothing pays at the means: one sequence a pass tries a model
+            owner = ask[0].owner or self
+            if out[r] == (None, 0) and owner.k is None and (tried := owner._try(*ask)) is not None:
+                out[r] = tried
+                break
         return out
 
     def _try(self, record: Record, offers, behind: Mapping[int, int], room: int) -> Choice | None:
@@ -328,11 +332,6 @@ class Planner:
         passes = (ks + s[ks]) * self.costs.draft(name)
         left = max(record.left(self.length) * record.model_share(self._free), 1.0)
         return ex, s[ks], passes, ex * n_behind * self.costs.prefill(name) / left
-
-    @property
-    def _free(self) -> bool:
-        """Are there free sources beside the models?"""
-        return any(s.backend is None for s in self.sources)
 
     def _explain(self, record: Record, n_behind: int, ex, passes, share, ks) -> None:
         """Note why the model is not started where its prefill is what stops it (once a sequence)."""

@@ -27,6 +27,7 @@ class RunStats:
     t_other: float = 0.0
     t_prefill: float = 0.0  # prompt processing; not part of `seconds` (generation time)
     cached_tokens: int = 0  # tokens of the prompt the target already held (not processed again)
+    draft_caught_up: int = 0  # tokens draft models processed to catch up with the text (their prefill)
     finish_reason: str | None = None
     sources: dict[str, int] = field(default_factory=dict)  # steps by what drafted them ("none": no drafts)
     # seconds of each step that drafted nothing (one one-token pass): what plain decoding's step cost
@@ -38,6 +39,7 @@ class RunStats:
             self.sources[e.source] = self.sources.get(e.source, 0) + 1
         self.t_prefill += e.t_prefill
         self.cached_tokens += e.n_cached
+        self.draft_caught_up += e.n_caught_up
         self.n_tokens += len(e.tokens)
         self.n_target_passes += e.n_passes
         self.n_drafted += e.n_drafted
@@ -100,6 +102,7 @@ class RunStats:
             "seconds": s,
             "prefill_seconds": self.t_prefill,
             "cached_tokens": self.cached_tokens,
+            "draft_caught_up_tokens": self.draft_caught_up,
             "time_split": {"draft": self.t_draft, "verify": self.t_target, "other": self.t_other},
             "finish_reason": self.finish_reason,
             "steps_by_source": dict(self.sources),

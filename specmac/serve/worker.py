@@ -314,4 +314,5 @@ def make_usage(n_prompt: int, stats: RunStats, k: int | str, prediction: dict | 
             "completion_tokens_details": {"accepted_prediction_tokens": d["accepted_prediction_tokens"],
                                           "rejected_prediction_tokens": d["rejected_prediction_tokens"]},
             "speculative": {"drafted": stats.n_drafted, "accepted": stats.n_accepted,
-                            "target_passes": stats.n_target_passes, "k": k}}
+                            "target_passes": stats.n_target_passes, "k": k,
+                            "draft_caught_up_tokens": stats.draft_caught_up}}

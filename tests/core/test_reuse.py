@@ -65,6 +65,22 @@ def test_the_next_turn_processes_only_its_new_tokens():
     assert again.generate(second, params=GREEDY, max_tokens=16, k=4, reuse=False).stats.cached_tokens == 0
 
 
+def test_the_stats_say_what_the_draft_caught_up_on():
+    """The draft's processing per turn is in the stats: the prompt on the first turn, the new tokens
+    (not the conversation) on the next."""
+    pair = Pair(Counting(role="target"), ModelDrafter(Counting(role="draft")))
+    first = pair.encode("tell me about the weather on mars and venus, please. " * 6)
+    g1 = pair.generate(first, params=GREEDY, max_tokens=16, k=4)
+    second = first + g1.token_ids + pair.encode(" and on jupiter?")
+    g2 = pair.generate(second, params=GREEDY, max_tokens=16, k=4)
+    assert g1.stats.draft_caught_up >= len(first) - 1
+    new = len(second) - g2.stats.cached_tokens
+    assert 0 < g2.stats.draft_caught_up <= new + g2.stats.n_tokens < len(first)
+    fresh = Pair(Counting(role="target"), ModelDrafter(Counting(role="draft")))
+    g = fresh.generate(second, params=GREEDY, max_tokens=16, k=4, reuse=False)
+    assert g.stats.draft_caught_up >= len(second) - 1
+
+
 @pytest.mark.parametrize("params", [GREEDY, COUPLED], ids=["greedy", "coupled"])
 def test_the_same_tokens_with_reuse_and_without(params):
     first = SyntheticBackend().encode("a conversation about cats and dogs and birds. " * 5)
