@@ -17,7 +17,7 @@ its perturbed row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -107,10 +107,25 @@ class ModelDrafter(Drafter):
         """-> k drafts and q: a row [n_vocab] per draft, the distribution it was drawn from (float64,
         warped like the target); None when ``params.greedy`` or ``noise`` is given (the greedy rule
         reads no q)."""
+        steps = self.drafting(seq, k, params, rng, n_vocab, noise)
+        feed, first = next(steps), True
+        try:
+            while True:
+                logits = self.backend.prefill(feed) if first else self.backend.score(feed)[0]
+                feed, first = steps.send(logits), False
+        except StopIteration as done:
+            return done.value
+
+    def drafting(self, seq: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
+                 n_vocab: int, noise: StepNoise | None = None) -> Generator[list[int], np.ndarray, tuple]:
+        """``draft`` with its backend's passes left to the caller, so several sequences' drafts can
+        share them (``specmac.core.loop.pass_streams``): it yields the tokens to append (first the
+        text the model has not seen, then one draft at a time), is sent the logits row of the last
+        of them, and returns what ``draft`` returns."""
         m = self._sync(seq)
         self.trim(m)
         qs, drafts = [], []
-        logits = self.backend.prefill(seq[m:])  # [n_logits]
+        logits = yield list(seq[m:])  # [n_logits]
         for i in range(k):
             row = align_logits(logits, n_vocab)
             if params.greedy:
@@ -122,7 +137,7 @@ class ModelDrafter(Drafter):
                 d = sample(qs[-1], rng)
             drafts.append(d)
             if i < k - 1:
-                logits = self.backend.score([d])[0]
+                logits = yield [d]
         return drafts, (None if params.greedy or noise is not None else qs)
 
     def trim(self, n: int) -> None:

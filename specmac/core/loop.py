@@ -20,8 +20,9 @@ stream's text depends on its seed alone, whatever else shares its passes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -156,11 +157,22 @@ class Stream:
         self._t_ask = clock.lap()  # the proposals: part of the step's drafting
         return ask
 
-    def draft(self, ask: Ask, choice: tuple[int | None, int], alone: bool = True) -> list[int]:
+    def drafting(self, choice: tuple[int | None, int]) -> Generator | None:
+        """The chosen model's drafting with its passes left to the caller (``ModelDrafter.drafting``:
+        ``pass_streams`` shares them between streams); None where no model was chosen."""
+        src, width = choice
+        if src is None or self.sources[src].backend is None:
+            return None
+        noise = self.gumbel.step(self.n_out) if self.coupled else None
+        return self.sources[src].drafting(self.seq, width, self.params, self.rng, self.V, noise=noise)
+
+    def draft(self, ask: Ask, choice: tuple[int | None, int], alone: bool = True,
+              drafted: tuple[list[int], Any, float] | None = None) -> list[int]:
         """Draft the chosen source's proposal; -> the tokens the pass scores for this stream
         ([last, *drafts]). ``alone``: the pass is this stream's alone, so a free source's
         continuation of a model's drafts may widen it (``Planner.extend``); else the step's drafting
-        time is its ask's and its own drafting's, not the other streams'."""
+        time is its ask's and its own drafting's, not the other streams'. ``drafted``: the model's
+        drafts, q and seconds, drafted with other streams' (``drafting``)."""
         seq, sources, V = self.seq, self.sources, self.V
         if not alone:
             self._clock = _Clock(self.now)
@@ -173,7 +185,11 @@ class Stream:
             drafts = next(o[1] for o in ask.offers if o[0] == src)[:width]
             q = None if self.greedy or self.coupled else OneHotRows(drafts, V)
         else:
-            drafts, q = sources[src].draft(seq, width, self.params, self.rng, V, noise=step)
+            if drafted is None:
+                drafts, q = sources[src].draft(seq, width, self.params, self.rng, V, noise=step)
+            else:
+                drafts, q, seconds = drafted
+                self._t_ask += seconds
             more = [(i, *sources[i].propose(seq + drafts, ask.room - width))
                     for i in self.free if ask.room > width] if alone else []
             # the free sources' continuation of the model's drafts, verified in the same pass if it pays
@@ -300,9 +316,13 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
         choices = [(a.record.owner or planner).choose(a.record, a.offers, a.behind, a.room) if a.room
                    else (None, 0) for a in asks]
     items, scored = [], []
+    drafted = _draft_together([(i, streams[i], c) for i, c in zip(stepping, choices)], clock)
     for i, a, c in zip(stepping, asks, choices):
         try:
-            items.append((streams[i].target, streams[i].draft(a, c, alone=len(asks) == 1), True))
+            if isinstance(drafted.get(i), Exception):
+                raise drafted[i]
+            tokens = streams[i].draft(a, c, alone=len(asks) == 1, drafted=drafted.get(i))
+            items.append((streams[i].target, tokens, True))
             scored.append(i)
         except Exception as e:
             out[i] = e
@@ -323,4 +343,52 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
         streams[i].prefilled(n, t)
     if not fills:  # a pass of steps alone: what it cost at its width refines the planner's costs
         planner.costs.observe(sum(len(tokens) for _, tokens, _ in items), t)
+    return out
+
+
+def _draft_together(chosen: Sequence[tuple[int, Stream, tuple[int | None, int]]],
+                    clock: Callable[[], float]) -> dict[int, tuple | Exception]:
+    """The drafts of the streams whose choice is a model that scores several lanes in one pass
+    (``BaseBackend.can_batch``): one pass of it per draft position for all of them, the text each
+    has not seen first (read without rows). -> stream index -> (drafts, q, the seconds of the
+    shared drafting), or the error that ended it; streams alone on their model draft alone."""
+    groups: dict[str, list] = {}
+    for i, s, c in chosen:
+        src = c[0]
+        if src is not None and s.sources[src].backend is not None and s.sources[src].backend.can_batch:
+            groups.setdefault(s.sources[src].name, []).append((i, s, c))
+    out: dict[int, tuple | Exception] = {}
+    for group in (g for g in groups.values() if len(g) > 1):
+        lanes = {i: s.sources[c[0]].backend for i, s, c in group}
+        lead = lanes[group[0][0]]
+        t = _Clock(clock)
+        steps, feeds, done = {}, {}, {}
+        for i, s, c in group:  # a stream whose drafting fails ends alone
+            try:
+                steps[i] = s.drafting(c)
+                feeds[i] = next(steps[i])
+            except Exception as e:
+                out[i] = e
+        try:
+            text = [(lanes[i], f[:-1], False) for i, f in feeds.items() if len(f) > 1]
+            if text:
+                lead.score_many(text)
+            feeds = {i: f[-1:] for i, f in feeds.items()}
+            while feeds:
+                keys = list(feeds)
+                rows = lead.score_many([(lanes[i], feeds[i], True) for i in keys])
+                for i, r in zip(keys, rows):
+                    try:
+                        feeds[i] = steps[i].send(r[-1])
+                    except StopIteration as stop:
+                        done[i] = stop.value
+                        del feeds[i]
+                    except Exception as e:
+                        out[i] = e
+                        del feeds[i]
+        except Exception as e:  # the shared pass failed: each stream still drafting ends with it
+            out.update({i: e for i in feeds})
+            continue
+        seconds = t.lap()
+        out.update({i: (*v, seconds) for i, v in done.items()})
     return out

@@ -11,6 +11,7 @@ import pytest
 
 from specmac.api import Pair
 from specmac.backends.synthetic import SyntheticBackend
+from specmac.core.drafters import ModelDrafter
 from specmac.core.loop import Event, pass_streams
 from specmac.core.planner import Planner
 from specmac.core.sampling import SamplingParams
@@ -101,10 +102,74 @@ def test_an_error_in_one_stream_ends_that_stream_only():
 
     def broken(*a, **kw):
         raise RuntimeError("planted")
-    streams[1].sources[0].draft = broken
+    streams[1].sources[0].draft = streams[1].sources[0].drafting = broken  # alone, or drafting with others
     events = pass_streams(lanes[0].target, streams, planner)  # the prompts
     events = pass_streams(lanes[0].target, streams, planner)
     assert isinstance(events[0], Event) and isinstance(events[1], RuntimeError)
+
+
+class Counted(SyntheticBackend):
+    """Counts the lanes each ``score_many`` asks rows of (every lane a copy of one backend)."""
+
+    calls: list[int] = []
+
+    def score_many(self, asks):
+        Counted.calls.append(sum(1 for _, _, rows in asks if rows))
+        return super().score_many(asks)
+
+
+class SwappedDrafts(Counted):
+    """Planted: the draft's shared pass hands the first lane's rows to the second and back."""
+
+    def score_many(self, asks):
+        rows = super().score_many(asks)
+        idx = [j for j, (_, tokens, want) in enumerate(asks) if want and len(tokens) == 1]
+        if len(idx) >= 2:
+            rows[idx[0]], rows[idx[1]] = rows[idx[1]], rows[idx[0]]
+        return rows
+
+
+def test_drafts_of_several_streams_share_the_draft_models_passes(monkeypatch):
+    """The model drafts for every stream in one pass per draft position, and drafts what it drafts
+    alone: each stream accepts as many drafts as it does alone."""
+    pair = Pair(Counted(role="target"), [ModelDrafter(Counted(role="draft", noise=0.3))])
+    ref = alone_accepted(pair)
+    Counted.calls.clear()
+    got = together_stats(pair, PROMPTS[:4], 4)
+    assert sum(ref) > 0 and got == ref
+    assert max(Counted.calls) >= 3  # a draft pass held three streams or more
+
+
+def test_the_check_catches_drafts_handed_to_the_wrong_stream():
+    pair = Pair(Counted(role="target"), [ModelDrafter(SwappedDrafts(role="draft", noise=0.3))])
+    ref = alone_accepted(pair)
+    assert together_stats(pair, PROMPTS[:4], 4) != ref
+
+
+def alone_accepted(pair) -> list[int]:
+    return [pair.generate(p, params=GREEDY, max_tokens=30, k=4, reuse=False).stats.n_accepted
+            for p in PROMPTS[:4]]
+
+
+def together_stats(pair, prompts, k) -> list[int]:
+    """Accepted drafts of each prompt served by lanes sharing passes (all at once, greedy)."""
+    lanes = pair.lanes(len(prompts))
+    planner = pair.planner(k)
+    streams = [pair.start(lane, pair.encode(p), params=GREEDY, max_tokens=30, k=planner, seed=7)
+               for lane, p in zip(lanes, prompts)]
+    n_acc, live = [0] * len(prompts), set(range(len(prompts)))
+    while live:
+        order = sorted(live)
+        events = pass_streams(lanes[0].target, [streams[i] for i in order], planner)
+        for i, e in zip(order, events):
+            if isinstance(e, Exception):
+                raise e
+            if isinstance(e, Event):
+                n_acc[i] += e.n_accepted
+                if e.finish_reason:
+                    streams[i].close()
+                    live.discard(i)
+    return n_acc
 
 
 def test_lanes_hold_their_own_sequences():
