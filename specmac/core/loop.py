@@ -69,6 +69,9 @@ class Ask:
     room: int = 0
 
 
+FOLD = 64  # prompt tokens at most that a stream's first step reads in its own pass
+
+
 class _Clock:
     def __init__(self, now: Callable[[], float]) -> None:
         self.now, self.t = now, now()
@@ -158,8 +161,7 @@ class Stream:
         return ask
 
     def drafting(self, choice: tuple[int | None, int]) -> Generator | None:
-        """The chosen model's drafting with its passes left to the caller (``ModelDrafter.drafting``:
-        ``pass_streams`` shares them between streams); None where no model was chosen."""
+        """The chosen model's drafting, its passes left to the caller (``ModelDrafter.drafting``)."""
         src, width = choice
         if src is None or self.sources[src].backend is None:
             return None
@@ -171,8 +173,7 @@ class Stream:
         """Draft the chosen source's proposal; -> the tokens the pass scores for this stream
         ([last, *drafts]). ``alone``: the pass is this stream's alone, so a free source's
         continuation of a model's drafts may widen it (``Planner.extend``); else the step's drafting
-        time is its ask's and its own drafting's, not the other streams'. ``drafted``: the model's
-        drafts, q and seconds, drafted with other streams' (``drafting``)."""
+        time is its own. ``drafted``: the model's drafts, q and seconds, drafted with others'."""
         seq, sources, V = self.seq, self.sources, self.V
         if not alone:
             self._clock = _Clock(self.now)
@@ -297,8 +298,12 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
     chunks = chunks or {}
     out: list[Event | Exception | None] = [None] * len(streams)
     stepping, asks = [], []
+    # a prompt's last few tokens are read in its first step's pass (as llama.cpp samples a turn's
+    # first token from the pass that reads it): one pass less to the first token
+    fold = {i for i, s in enumerate(streams)
+            if s.pending and len(s.pending) <= FOLD and chunks.get(i, len(s.pending)) >= len(s.pending)}
     for i, s in enumerate(streams):
-        if s.pending or s.done:
+        if s.done or (s.pending and i not in fold):
             continue
         try:
             ask = s.ask()
@@ -322,11 +327,12 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
             if isinstance(drafted.get(i), Exception):
                 raise drafted[i]
             tokens = streams[i].draft(a, c, alone=len(asks) == 1, drafted=drafted.get(i))
-            items.append((streams[i].target, tokens, True))
+            items.append((streams[i].target, list(streams[i].pending) + tokens, True))
             scored.append(i)
         except Exception as e:
             out[i] = e
-    fills = [(i, chunks.get(i, len(s.pending))) for i, s in enumerate(streams) if s.pending and not s.done]
+    fills = [(i, chunks.get(i, len(s.pending))) for i, s in enumerate(streams)
+             if s.pending and not s.done and i not in fold]
     fills = [(i, n) for i, n in fills if n > 0]
     items += [(streams[i].target, streams[i].pending[:n], False) for i, n in fills]
     if not items:
@@ -336,7 +342,9 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
     t = c.lap()
     for i, r in zip(scored, rows):
         try:
-            out[i] = streams[i].take(r, t_pass=t, n_batch=len(scored))
+            n = len(streams[i].pending)
+            streams[i].prefilled(n, 0.0)  # read in the step's pass: its time is the step's
+            out[i] = streams[i].take(r[n:], t_pass=t, n_batch=len(scored))
         except Exception as e:
             out[i] = e
     for i, n in fills:
@@ -348,10 +356,9 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
 
 def _draft_together(chosen: Sequence[tuple[int, Stream, tuple[int | None, int]]],
                     clock: Callable[[], float]) -> dict[int, tuple | Exception]:
-    """The drafts of the streams whose choice is a model that scores several lanes in one pass
-    (``BaseBackend.can_batch``): one pass of it per draft position for all of them, the text each
-    has not seen first (read without rows). -> stream index -> (drafts, q, the seconds of the
-    shared drafting), or the error that ended it; streams alone on their model draft alone."""
+    """Streams whose choice is a model that scores several lanes in one pass (``can_batch``): one
+    pass of it per draft position for all, the text each has not seen first. -> stream index ->
+    (drafts, q, the shared drafting's seconds) or its error; a stream alone on its model: none."""
     groups: dict[str, list] = {}
     for i, s, c in chosen:
         src = c[0]
@@ -365,8 +372,7 @@ def _draft_together(chosen: Sequence[tuple[int, Stream, tuple[int | None, int]]]
         steps, feeds, done = {}, {}, {}
         for i, s, c in group:  # a stream whose drafting fails ends alone
             try:
-                steps[i] = s.drafting(c)
-                feeds[i] = next(steps[i])
+                feeds[i] = next(steps.setdefault(i, s.drafting(c)))
             except Exception as e:
                 out[i] = e
         try:
