@@ -36,13 +36,19 @@ def appends(fn: Callable) -> Callable:
             return fn(self, tokens, *a, **kw)
         finally:
             self._in_pass = False
-            held = self.__dict__.get("_held", [] if before == 0 else None)
-            if held is not None and len(held) == before and self.n_past >= before:
-                held.extend(int(t) for t in tokens[: self.n_past - before])
-                self._held = held
-            else:
-                self._held = None
+            _grew(self, before, tokens)
     return pass_
+
+
+def _grew(backend, before: int, tokens) -> None:
+    """After a pass that appended ``tokens`` at ``before``: ``held`` gains what the cache kept of
+    them, or becomes unknown where it was not in step with the cache before."""
+    held = backend.__dict__.get("_held", [] if before == 0 else None)
+    if held is not None and len(held) == before and backend.n_past >= before:
+        held.extend(int(t) for t in tokens[: backend.n_past - before])
+        backend._held = held
+    else:
+        backend._held = None
 
 
 def appends_many(fn: Callable) -> Callable:
@@ -52,21 +58,18 @@ def appends_many(fn: Callable) -> Callable:
         if self.__dict__.get("_in_pass"):
             return fn(self, asks, *a, **kw)
         before = [(lane, lane.n_past, tokens) for lane, tokens, _ in asks]
-        outer = [lane for lane, _, _ in before if not lane.__dict__.get("_in_pass")]
-        for lane in {id(x): x for x in [self, *outer]}.values():
-            lane._in_pass = True  # a lane's own pass, called from this one, does not count twice
+        # a lane's own pass, called from this one, does not count twice
+        marked = list({id(x): x for x in [self, *(lane for lane, _, _ in before)]
+                       if not x.__dict__.get("_in_pass")}.values())
+        for lane in marked:
+            lane._in_pass = True
         try:
             return fn(self, asks, *a, **kw)
         finally:
-            for lane in {id(x): x for x in [self, *outer]}.values():
+            for lane in marked:
                 lane._in_pass = False
             for lane, n, tokens in before:
-                held = lane.__dict__.get("_held", [] if n == 0 else None)
-                if held is not None and len(held) == n and lane.n_past >= n:
-                    held.extend(int(t) for t in tokens[: lane.n_past - n])
-                    lane._held = held
-                else:
-                    lane._held = None
+                _grew(lane, n, tokens)
     return pass_
 
 

@@ -30,17 +30,17 @@ or a TOML --config with one table per backend:
   draft_model = "draft.gguf"
   options = { n_threads = 2 }
   draft_options = { quant = "q8_0" }
-and, in a [compare] table, any flag below (a suite: bench/suites/*.toml):
+and, in a [compare] table, any flag below (a suite: one measurement, re-run on any machine):
   [compare]
   pairs = ["gguf:gguf", "ngram:gguf"]
   k = "1-8"
-  out = "results/my-suite/{machine}"
+  out = "my-suite/{machine}"
 Command-line values win over the config.
 
 \b
 Example:
   specmac compare --pair mlx:gguf --pair ngram:gguf --k 1-8 --repeats 3 --out cmp
-  specmac compare --config bench/suites/embedded.toml --exclusive
+  specmac compare --config my-suite.toml --exclusive
 """
 
 

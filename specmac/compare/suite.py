@@ -122,4 +122,4 @@ def out_folder(template: str) -> str:
         return template.format(machine=machine_label())
     except (KeyError, IndexError, ValueError):
         raise _bad(f"out = {template!r} may name only {{machine}}: write e.g. out = "
-                   '"results/embedded/{machine}"') from None
+                   '"my-suite/{machine}"') from None

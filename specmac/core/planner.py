@@ -136,10 +136,10 @@ class Planner:
             width = sum(1 + opts[j][1][i] for j, i in enumerate(pick))
             return sum(opts[j][2][i] for j, i in enumerate(pick)) / (float(self._t(width)) + paid(pick)[0])
 
-        starts = [[0] * len(opts)]
-        if len(opts) > 1:
-            starts.append([int(np.argmax(e / (self._t(1 + w) + d))) for _, w, e, d in opts])
-        pick = max((ascend(p) for p in starts), key=rate)
+        pick = ascend([0] * len(opts))
+        if len(opts) > 1:  # the second start: each sequence at its best alone
+            solo = ascend([int(np.argmax(e / (self._t(1 + w) + d))) for _, w, e, d in opts])
+            pick = max(pick, solo, key=rate)
         out = [(o[0][i], int(o[1][i])) for o, i in zip(opts, pick)]
         for r, ask in enumerate(asks):  # nothing pays at the means: one sequence a pass tries a model
             owner = ask[0].owner or self

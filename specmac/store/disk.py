@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from specmac.backends import BaseBackend
+from specmac.backends.conversion.cache import sha256_path
 from specmac.core.drafters import common_prefix
 from specmac.files import write_json
 from specmac.store import Entry
@@ -41,14 +42,6 @@ def identity(backends: Mapping[str, BaseBackend]) -> str:
         info["options"] = {k: v for k, v in (info.get("options") or {}).items() if k not in VOLATILE}
         ident[role] = info
     return hashlib.sha256(json.dumps([FORMAT, ident], sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class DiskTier:
@@ -98,7 +91,7 @@ class DiskTier:
             saved = {}
             for role, f in meta["files"].items():
                 path = folder / f["name"]
-                if role not in self.backends or _sha256(path) != f["sha256"]:
+                if role not in self.backends or sha256_path(path) != f["sha256"]:
                     raise ValueError(f"{f['name']} does not match its SHA-256")
                 saved[role] = self.backends[role].read_state(path, meta["held"][role])
             return Entry(entry.tokens, saved)
@@ -120,7 +113,7 @@ class DiskTier:
             files = {}
             for role, saved in entry.saved.items():
                 path = self.backends[role].write_state(saved, folder / role.replace("/", "_"))
-                files[role] = {"name": path.name, "sha256": _sha256(path)}
+                files[role] = {"name": path.name, "sha256": sha256_path(path)}
             held = {role: list(saved.tokens) for role, saved in entry.saved.items()}
             write_json(folder / "entry.json", {"format": FORMAT, "tokens": list(entry.tokens), "files": files,
                                                "held": held})

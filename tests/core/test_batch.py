@@ -28,12 +28,14 @@ def alone(pair: Pair, prompts, params, k, max_tokens=30) -> list[list[int]]:
 
 def together(pair: Pair, prompts, params, k, *, n_lanes=4, chunk=3, join_every=0, max_tokens=30):
     """The prompts served by lanes sharing passes: at most ``n_lanes`` at once, a new one joining
-    every ``join_every`` passes (0: as soon as a lane is free), prompts read ``chunk`` tokens a pass."""
+    every ``join_every`` passes (0: as soon as a lane is free), prompts read ``chunk`` tokens a pass.
+    -> each prompt's tokens, the passes, each prompt's accepted drafts."""
     lanes = pair.lanes(n_lanes)
     planner = k if isinstance(k, Planner) else pair.planner(k)
     waiting = list(enumerate(prompts))
     running: dict[int, tuple] = {}  # prompt index -> (lane, stream)
     out: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    accepted = [0] * len(prompts)
     n_pass = 0
     while waiting or running:
         free = [lane for lane in lanes if all(lane is not r[0] for r in running.values())]
@@ -50,9 +52,10 @@ def together(pair: Pair, prompts, params, k, *, n_lanes=4, chunk=3, join_every=0
                 raise e
             if isinstance(e, Event):
                 out[i] += e.tokens
+                accepted[i] += e.n_accepted
                 if e.finish_reason:
                     running.pop(i)[1].close()
-    return [out[i] for i in range(len(prompts))], n_pass
+    return [out[i] for i in range(len(prompts))], n_pass, accepted
 
 
 @pytest.mark.parametrize("params", [GREEDY, COUPLED], ids=["greedy", "coupled"])
@@ -62,13 +65,13 @@ def together(pair: Pair, prompts, params, k, *, n_lanes=4, chunk=3, join_every=0
 def test_streams_sharing_passes_write_what_each_writes_alone(params, draft, k, join_every):
     pair = Pair.load("synthetic", draft)
     ref = alone(pair, PROMPTS, params, k)
-    got, _ = together(pair, PROMPTS, params, k, join_every=join_every)
+    got, _, _ = together(pair, PROMPTS, params, k, join_every=join_every)
     assert got == ref
 
 
 def test_plain_batching_takes_fewer_passes_than_tokens():
     pair = Pair.load("synthetic", None)
-    got, n_pass = together(pair, PROMPTS[:4], GREEDY, 4, max_tokens=40)
+    got, n_pass, _ = together(pair, PROMPTS[:4], GREEDY, 4, max_tokens=40)
     assert sum(map(len, got)) >= 2.5 * n_pass
 
 
@@ -89,7 +92,7 @@ class SwappedRows(SyntheticBackend):
 def test_the_check_catches_a_pass_that_mixes_lanes():
     pair = Pair(SwappedRows(), [])
     ref = alone(pair, PROMPTS[:4], GREEDY, 4)
-    got, _ = together(pair, PROMPTS[:4], GREEDY, 4)
+    got, _, _ = together(pair, PROMPTS[:4], GREEDY, 4)
     assert got != ref
 
 
@@ -135,7 +138,7 @@ def test_drafts_of_several_streams_share_the_draft_models_passes(monkeypatch):
     pair = Pair(Counted(role="target"), [ModelDrafter(Counted(role="draft", noise=0.3))])
     ref = alone_accepted(pair)
     Counted.calls.clear()
-    got = together_stats(pair, PROMPTS[:4], 4)
+    got = together(pair, PROMPTS[:4], GREEDY, 4)[2]
     assert sum(ref) > 0 and got == ref
     assert max(Counted.calls) >= 3  # a draft pass held three streams or more
 
@@ -143,33 +146,12 @@ def test_drafts_of_several_streams_share_the_draft_models_passes(monkeypatch):
 def test_the_check_catches_drafts_handed_to_the_wrong_stream():
     pair = Pair(Counted(role="target"), [ModelDrafter(SwappedDrafts(role="draft", noise=0.3))])
     ref = alone_accepted(pair)
-    assert together_stats(pair, PROMPTS[:4], 4) != ref
+    assert together(pair, PROMPTS[:4], GREEDY, 4)[2] != ref
 
 
 def alone_accepted(pair) -> list[int]:
     return [pair.generate(p, params=GREEDY, max_tokens=30, k=4, reuse=False).stats.n_accepted
             for p in PROMPTS[:4]]
-
-
-def together_stats(pair, prompts, k) -> list[int]:
-    """Accepted drafts of each prompt served by lanes sharing passes (all at once, greedy)."""
-    lanes = pair.lanes(len(prompts))
-    planner = pair.planner(k)
-    streams = [pair.start(lane, pair.encode(p), params=GREEDY, max_tokens=30, k=planner, seed=7)
-               for lane, p in zip(lanes, prompts)]
-    n_acc, live = [0] * len(prompts), set(range(len(prompts)))
-    while live:
-        order = sorted(live)
-        events = pass_streams(lanes[0].target, [streams[i] for i in order], planner)
-        for i, e in zip(order, events):
-            if isinstance(e, Exception):
-                raise e
-            if isinstance(e, Event):
-                n_acc[i] += e.n_accepted
-                if e.finish_reason:
-                    streams[i].close()
-                    live.discard(i)
-    return n_acc
 
 
 def test_lanes_hold_their_own_sequences():
