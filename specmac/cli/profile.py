@@ -56,6 +56,7 @@ def profile_choice(path: str | None, precision: str | None, kw: dict, k_text: st
     anything loads; None without --profile."""
     from specmac.advise.profile import choose, describe, load_kwargs, read_profile
     from specmac.backends import backend_class, missing_requirements, registry
+    from specmac.core.sources import FREE, split_draft
 
     if path is None:
         if precision is not None:
@@ -69,9 +70,14 @@ def profile_choice(path: str | None, precision: str | None, kw: dict, k_text: st
     group, config, why = choose(prof, path, precision, kw.get("target_model"))
     load = load_kwargs(config)
     for role in ("target", "draft"):
-        name = load[role]
-        if role == "draft" and name in ("none", "ngram"):
+        try:  # a draft names its sources: a lookup needs no backend, a hybrid's model does
+            names = [load[role]] if role == "target" else [p for p in split_draft(load[role]) if p not in FREE]
+        except SpecmacError as e:  # a drafter another specmac version wrote
+            raise UserError(f"--profile {path}: its draft {load[role]!r} is refused ({e}): run "
+                            "`specmac advise --save FILE` again") from None
+        if not names:
             continue
+        name = names[0]
         if name not in registry() or missing_requirements(name):
             raise UserError(f"--profile {path}: its {role} backend {name!r} is not installed here: install "
                             f"it (see `specmac backends`), or choose another group with --precision")

@@ -306,3 +306,28 @@ def test_serve_default_k_auto_is_served(monkeypatch):
     res = CliRunner().invoke(main, ["serve", "--target", "gguf", "--draft", "gguf", "--port", "0"])
     assert res.exit_code == 0, res.output
     assert got["k"] == "auto" and got["config"]["k"] == "auto"
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "lookup+gguf"])
+def test_a_lookup_or_hybrid_first_choice_loads_in_run_and_serve(saved, tmp_path, drafter):
+    """advise ranks a lookup or a hybrid first often (a lookup needs no backend of its own, a
+    hybrid's model does): run --profile and serve --profile load it at its K instead of calling
+    its backend 'lookup' not installed."""
+    prof = json.loads(saved[0].read_text())
+    group = prof["groups"][0]
+    config = next(c for c in group["configurations"] if c["draft"]["backend"] == drafter)
+    config["k"] = 2
+    group["configurations"].remove(config)
+    group["configurations"].insert(0, config)
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(prof))
+    res = CliRunner().invoke(main, ["run", "--profile", str(edited), "--max-tokens", "4", "--json", PROMPT])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.stdout)
+    assert r["draft"]["drafter"] == config["draft"]["backend"] and r["k"] == 2
+    proc, url, lines = _serve(["--profile", str(edited)])
+    try:
+        assert "K 2" in lines[2], lines
+        _check_served(url, config, 2)
+    finally:
+        _stop(proc)
