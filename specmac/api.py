@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ class Pair:
         """Fit each backend's CPU threads to how busy the machine is now (before every run, at most
         once a FIT_EVERY_S): -> {role: threads and why} for the backends that have a count to fit."""
         now = time.monotonic()
-        if now - self._fitted_at >= FIT_EVERY_S:
+        if now - self._fitted_at >= FIT_EVERY_S:  # never where held (``plain(same_threads=True)``)
             self._fitted_at = now
             notes = {role: b.fit_threads() for role, b in self._backends().items()}
             self.threads = {role: why for role, why in notes.items() if why}
@@ -120,9 +121,18 @@ class Pair:
         tb = load_backend(target, target_model, target_options, role="target")
         return cls(tb, load_sources(draft, draft_model, draft_options, target_vocab=tb.vocab))
 
-    def plain(self) -> Pair:
-        """The same target with no sources: plain decoding."""
-        return Pair(self.target, store=self.store)
+    def plain(self, same_threads: bool = False) -> Pair:
+        """The same target with no sources: plain decoding. ``same_threads``: its runs keep the CPU
+        threads the target runs on now instead of fitting them to the load again (a baseline
+        measured like the run before it)."""
+        out = Pair(self.target, store=self.store)
+        if same_threads:
+            out.threads, out._fitted_at = dict(self.threads), math.inf
+        return out
+
+    def thread_counts(self) -> dict[str, int]:
+        """{role: the CPU threads its passes run on now}, for the backends whose count is fitted."""
+        return {role: n for role, b in self._backends().items() if (n := b.thread_count) is not None}
 
     def lanes(self, n: int) -> list[Lane]:
         """Up to n sequences held at once, each a lane of the target with the pair's sources forked

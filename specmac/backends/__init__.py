@@ -211,6 +211,11 @@ class BaseBackend:
         return self._threads.start() if self._threads else None
 
     @property
+    def thread_count(self) -> int | None:
+        """The CPU threads its passes run on now; None where the count is not fitted here."""
+        return self._threads.n if self._threads else None
+
+    @property
     def threads_note(self) -> str | None:
         """The thread count now and why (a fit during a run included); None: not fitted."""
         return self._threads.why if self._threads else None

@@ -71,7 +71,8 @@ def profile_choice(path: str | None, precision: str | None, kw: dict, k_text: st
     load = load_kwargs(config)
     for role in ("target", "draft"):
         try:  # a draft names its sources: a lookup needs no backend, a hybrid's model does
-            names = [load[role]] if role == "target" else [p for p in split_draft(load[role]) if p not in FREE]
+            names = [load[role]] if role == "target" else [
+                p for p in split_draft(load[role]) if p not in FREE]
         except SpecmacError as e:  # a drafter another specmac version wrote
             raise UserError(f"--profile {path}: its draft {load[role]!r} is refused ({e}): run "
                             "`specmac advise --save FILE` again") from None

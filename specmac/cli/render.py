@@ -73,9 +73,30 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
         lines.append(f"baseline (plain): {b['n_tokens']} tokens, "
                      f"{'-' if btps is None else f'{btps:.1f}'} tokens/s  ->  speedup "
                      f"{'n/a' if sp is None else f'{sp:.2f}x'}")
+        if note := _baseline_threads(b.get("thread_counts")):
+            lines.append(note)
     if r["finish_reason"] == "interrupted":
         lines.append("interrupted: the text above is what was generated before Ctrl-C")
     return lines
+
+
+def _threads_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{role} {n}" for role, n in counts.items()) or "-"
+
+
+def _baseline_threads(counts: dict | None) -> str | None:
+    """Whether the baseline ran at the CPU threads its run did: a line that says so, or that it did
+    not (then the speedup also holds the machine's load changing between the two)."""
+    if not counts or not any((*counts["run"].values(), counts["baseline"])):
+        return None  # no backend here fits its thread count
+    run, base = counts["run"], counts["baseline"]
+    target = {"target": base["target"]} if "target" in base else {}
+    if run["start"].get("target") == run["end"].get("target") == base.get("target"):
+        return ("baseline measured like the run: right after it, at the same CPU threads "
+                f"({_threads_text(target)})")
+    return (f"baseline NOT at the run's CPU threads (run: {_threads_text(run['start'])} at its start, "
+            f"{_threads_text(run['end'])} at its end; baseline: {_threads_text(base)}): the load on "
+            "the machine changed, and the speedup holds that change too")
 
 
 # --- verify ----------------------------------------------------------------------------------

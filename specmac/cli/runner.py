@@ -127,6 +127,7 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k: Planner, max_toke
             need_legend[0] = False
         out.push(event.tokens, event.kinds)
 
+    threads = pair.thread_counts()  # as fitted for this run (a refit during it shows at its end)
     t0 = time.perf_counter()
     events, interrupted = generate_events(pair, ids, None if as_json else show, params=params,
                                           max_tokens=max_tokens, k=k, seed=seed, prediction=predicted)
@@ -141,9 +142,14 @@ def run(pair: Pair, prompt: str, *, params: SamplingParams, k: Planner, max_toke
     if k.k is None or len(k.sources) > 1:  # what the planner learned and why it chose as it did
         result["k_policy"] = k.info()
     if baseline and not interrupted:
-        base_events, interrupted = generate_events(pair.plain(), ids, params=params,
+        # measured like the run: warm, right after it, at the CPU threads the run ended on
+        ended = pair.thread_counts()
+        plain = pair.plain(same_threads=True)
+        base_events, interrupted = generate_events(plain, ids, params=params,
                                                    max_tokens=max_tokens, seed=seed)
         _, bd = summarize(base_events, None, False, interrupted)
+        bd["thread_counts"] = {"run": {"start": threads, "end": ended},
+                               "baseline": plain.thread_counts()}
         result["baseline"] = bd
         b, s = bd["tokens_per_second"], stats.tokens_per_second
         result["speedup"] = s / b if (b and s and not interrupted) else None

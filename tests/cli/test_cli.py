@@ -428,3 +428,29 @@ def test_stream_finish_prints_what_was_never_pushed():
     stream.push([0], ["target"])
     stream.finish([0, 1, 2])
     assert out.getvalue() == "abc"
+
+
+@pytest.mark.skipif(bool(missing_requirements("gguf")), reason="the embedded pair runs on the gguf backend")
+def test_baseline_runs_at_the_threads_of_its_run(monkeypatch):
+    """--baseline is measured like its run: right after it, at the CPU threads the run used, even
+    where the load would now fit another count; the stats say so (or say that it was not)."""
+    from specmac import api
+    from specmac.backends import threads
+
+    later = []  # the load changes once the run is over: a fit now would choose 1 thread
+    monkeypatch.setattr(threads, "choose", lambda default: (1, "1 (busy)") if later else (2, "2 (quiet)"))
+    monkeypatch.setattr(threads.Fitter, "_look", lambda self: None)  # no refit inside a run
+    plain = api.Pair.plain
+    monkeypatch.setattr(api.Pair, "plain", lambda self, *a, **kw: later.append(1) or plain(self, *a, **kw))
+    res = CliRunner().invoke(main, ["run", "--draft", "gguf", "--max-tokens", "12", "--baseline", "--json",
+                                    "def add(a, b):"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    counts = out["baseline"]["thread_counts"]
+    assert counts["run"]["start"]["target"] == counts["run"]["end"]["target"] == 2
+    assert counts["baseline"]["target"] == 2, counts  # not refitted to the new load
+    from specmac.cli.render import stats_block
+
+    assert any(line.startswith("baseline measured like the run") for line in stats_block(out, True))
+    counts["baseline"]["target"] = 1  # as a refitted baseline would have been
+    assert any(line.startswith("baseline NOT at the run's CPU threads") for line in stats_block(out, True))
