@@ -188,3 +188,74 @@ class Saved5:
     """A saved synthetic cache of two tokens (its state is its tokens)."""
 
     tokens, state, nbytes = (5, 6), None, 16
+
+
+# --- the identity checks have power: planted reuse and restore bugs change the tokens -----------
+
+def _gguf_f16_pair(store):
+    mark = skip_unless_installed("gguf")
+    if mark.args[0]:
+        pytest.skip(mark.kwargs["reason"])
+    t = load_backend("gguf", None, {"quant": "f16"}, role="target")
+    d = load_backend("gguf", None, {"quant": "f16"}, role="draft")
+    return Pair(t, [LookupDrafter(), ModelDrafter(d)], store=store)
+
+
+def _two_chats_and_an_edit(pair, reuse=True) -> list[list[int]]:
+    """Two conversations interleaved (each restored from the store in turn), then the first one's
+    answer edited halfway (a regenerated turn: the cache holds tokens past where the prompt parts)."""
+    def gen(ids):
+        return pair.generate(ids, params=GREEDY, max_tokens=16, k=4, seed=7, reuse=reuse).token_ids
+
+    a = pair.encode("def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n")
+    b = pair.encode("class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+                    "    def push(self, x):\n")
+    ga, gb = gen(a), gen(b)
+    ga2 = gen(a + ga + pair.encode("\n\ndef sub(a, b):\n"))
+    gb2 = gen(b + gb + pair.encode("\n\n    def pop(self):\n"))
+    ga3 = gen(a + ga[: len(ga) // 2] + pair.encode("  # edited\n\ndef div(a, b):\n"))
+    return [ga, gb, ga2, gb2, ga3]
+
+
+def _overclaim(monkeypatch):
+    """The loop trusts one token more of the held prefix than matches the prompt."""
+    from specmac.core import loop
+
+    real = loop.common_prefix
+    monkeypatch.setattr(loop, "common_prefix", lambda a, b, cap: min(real(a, b, cap) + 1, cap, len(a)))
+
+
+def _restore_short(monkeypatch):
+    """A restore that loses the last cell of the saved sequence while ``held`` says it is there."""
+    import llama_cpp
+
+    from specmac.backends.gguf import GGUFBackend
+
+    real = GGUFBackend.restore
+
+    def restore(self, saved):
+        real(self, saved)
+        if saved.tokens:
+            llama_cpp.llama_memory_seq_rm(self._mem, self._seq, len(saved.tokens) - 1, len(saved.tokens))
+    monkeypatch.setattr(GGUFBackend, "restore", restore)
+
+
+@pytest.mark.parametrize("plant", [None, _overclaim, _restore_short],
+                         ids=["honest", "overclaim", "restore-short"])
+def test_the_identity_check_catches_planted_reuse_bugs(plant, monkeypatch):
+    """On the embedded F16 pair (whose logits read the whole context, unlike the synthetic pair's
+    last two tokens): reused caches give the fresh run's tokens, and each planted bug does not
+    (different tokens, or llama.cpp refusing a cache with a hole in it)."""
+    fresh = _two_chats_and_an_edit(_gguf_f16_pair(None), reuse=False)
+    pair = _gguf_f16_pair(SequenceStore(1 << 30))
+    if plant is None:
+        assert _two_chats_and_an_edit(pair) == fresh
+        assert pair.store.hits >= 2
+        return
+    plant(monkeypatch)
+    try:
+        got = _two_chats_and_an_edit(pair)
+    except RuntimeError as e:  # llama.cpp's decode refuses the hole
+        assert "llama_decode failed" in str(e)
+        return
+    assert got != fresh
