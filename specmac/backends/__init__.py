@@ -63,6 +63,12 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
 MAX_THREADS = 4 * (os.cpu_count() or 1)
 MAX_CTX = 1 << 20  # no context window beyond this is ever allocated
 
+def tail_rows(rows: bool | int, n_tokens: int) -> int:
+    """How many of an ask's last ``n_tokens`` positions ``score_many`` returns logits for: True
+    all, False none, a number that many (at most all)."""
+    return n_tokens if rows is True else max(0, min(int(rows), n_tokens))
+
+
 class BaseBackend:
     """The contract between the core and a model, and its shared plumbing.
 
@@ -175,14 +181,18 @@ class BaseBackend:
         use: a backend may make its cache anew to hold them."""
         return [self]
 
-    def score_many(self, asks: Sequence[tuple[BaseBackend, Sequence[int], bool]]) -> list[np.ndarray | None]:
+    def score_many(self, asks: Sequence[tuple[BaseBackend, Sequence[int], bool | int]],
+                   ) -> list[np.ndarray | None]:
         """Append tokens to several of its lanes (each at most once): per (lane, tokens, rows), the
-        logits at every appended position where ``rows``, else None (a prompt's tokens, kept in
-        the cache only). One pass where ``can_batch``; by default one lane after another."""
+        logits of the appended positions ``rows`` asks for (``tail_rows``: True every one, a
+        number n the last n: a prompt's tokens read in a step's pass need none of theirs), None
+        where it asks for none (a prompt's tokens, kept in the cache only). One pass where
+        ``can_batch``; by default one lane after another."""
         out: list[np.ndarray | None] = []
         for lane, tokens, rows in asks:
-            out.append(lane.score(tokens) if rows else None)
-            if not rows:
+            n = tail_rows(rows, len(tokens))
+            out.append(lane.score(tokens)[len(tokens) - n:] if n else None)
+            if not n:
                 lane.prefill(tokens)
         return out
 

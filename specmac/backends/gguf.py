@@ -20,7 +20,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, Saved, chat_messages
+from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, Saved, chat_messages, tail_rows
 from specmac.backends import threads as cpu_threads
 from specmac.backends.gguf_files import (  # noqa: F401  (the backend's files, and its face for callers)
     ALL_LAYERS,
@@ -327,7 +327,7 @@ class GGUFBackend(BaseBackend):
         if len({id(w[1]) for w in work}) < len(work):
             raise ValueError("score_many: a lane appears twice in one pass")
         out: list = [None] * len(work)
-        parts: dict[int, list[np.ndarray]] = {j: [] for j, _, _, rows in work if rows}
+        parts: dict[int, list[np.ndarray]] = {j: [] for j, _, t, rows in work if tail_rows(rows, len(t))}
         for batch in decodes(work, self._n_batch):
             self._decode_many(batch, parts)
         for j, rows in parts.items():
@@ -346,15 +346,15 @@ class GGUFBackend(BaseBackend):
                 llama_cpp.llama_memory_seq_rm(self._mem, lane._seq, lane._n_past, -1)
             raise RuntimeError(f"llama_decode failed with status {rc} on a batch of {n} tokens")
         ptr = llama_cpp.llama_get_logits(self._ctx)  # the requested rows, in batch order
-        n_rows = sum(len(piece) for _, _, piece, rows in batch if rows)
+        n_rows = sum(k for _, _, _, k in batch)
         logits = np.ctypeslib.as_array(ptr, shape=(n_rows, self._n_vocab)) if n_rows else None
         r = 0
-        for j, lane, piece, rows in batch:
+        for j, lane, piece, k in batch:
             lane._n_past += len(piece)
             lane._cold = False
-            if rows:
-                parts[j].append(logits[r : r + len(piece)].copy())
-                r += len(piece)
+            if k:
+                parts[j].append(logits[r : r + k].copy())
+                r += k
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids; special tokens written in the text are parsed; BOS only if the model asks."""

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from specmac.backends import tail_rows
 from specmac.backends.gguf_files import captured_log, first_error
 from specmac.errors import SpecmacError
 from specmac.vocab import Vocab
@@ -36,29 +37,32 @@ def set_state(ctx, seq: int, data: bytes, n_tokens: int) -> None:
 
 
 def decodes(work: Sequence[tuple], n_batch: int) -> Iterator[list[tuple]]:
-    """(j, lane, tokens, rows) per lane -> the decodes: lists of (j, lane, piece, rows), each at
-    most ``n_batch`` tokens; a lane's tokens longer than that over several, in order."""
+    """(j, lane, tokens, rows) per lane -> the decodes: lists of (j, lane, piece, k), each at
+    most ``n_batch`` tokens, k the piece's last positions whose logits are asked for (``rows`` of
+    the lane's tokens are the last ones); a lane's tokens longer than that over several, in order."""
     batch: list[tuple] = []
     room = n_batch
     for j, lane, tokens, rows in work:
+        first = len(tokens) - tail_rows(rows, len(tokens))  # the first position whose logits are asked
         for i in range(0, len(tokens), n_batch):
             piece = tokens[i : i + n_batch]
             if len(piece) > room:
                 yield batch
                 batch, room = [], n_batch
-            batch.append((j, lane, piece, rows))
+            batch.append((j, lane, piece, max(0, min(len(piece), i + len(piece) - first))))
             room -= len(piece)
     if batch:
         yield batch
 
 
 def fill(b, batch: Sequence[tuple]) -> int:
-    """The ``llama_batch`` ``b`` holding ``batch``'s tokens (logits asked for where rows): its size."""
+    """The ``llama_batch`` ``b`` holding ``batch``'s tokens (logits asked for at each piece's last
+    k): its size."""
     n = 0
-    for _, lane, piece, rows in batch:
+    for _, lane, piece, k in batch:
         for i, t in enumerate(piece):
             b.token[n], b.pos[n], b.n_seq_id[n], b.seq_id[n][0] = t, lane._n_past + i, 1, lane._seq
-            b.logits[n] = rows
+            b.logits[n] = i >= len(piece) - k
             n += 1
     b.n_tokens = n
     return n

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmac.backends import MAX_CTX, BaseBackend, Option, Saved
+from specmac.backends import MAX_CTX, BaseBackend, Option, Saved, tail_rows
 from specmac.errors import BadOption
 from specmac.vocab import Vocab
 
@@ -117,8 +117,11 @@ class SyntheticBackend(BaseBackend):
     def score_many(self, asks):
         checked = [(lane, lane.check_tokens(tokens), rows) for lane, tokens, rows in asks]
         self._simulate_cost(sum(len(t) for _, t, _ in checked))
-        return [lane._append(tokens) if rows else (lane._append(tokens), None)[1]
-                for lane, tokens, rows in checked]
+        out = []
+        for lane, tokens, rows in checked:
+            logits, n = lane._append(tokens), tail_rows(rows, len(tokens))
+            out.append(logits[len(tokens) - n:] if n else None)
+        return out
 
     def _simulate_cost(self, n: int) -> None:
         if self.resolved["latency_ms"] > 0:

@@ -18,7 +18,7 @@ import torch.nn.functional as F  # noqa: N812  (torch's own name for it)
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.utils import logging as hf_logging
 
-from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, Saved, hf
+from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, Saved, hf, tail_rows
 from specmac.backends import threads as cpu_threads
 from specmac.errors import BadOption, ModelNotFound, SpecmacError
 from specmac.vocab import Vocab
@@ -111,22 +111,23 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
         return self._n_past
 
     def score(self, tokens: Sequence[int]) -> np.ndarray:
-        return self._forward(tokens, keep_last=False)  # [n, n_logits]
+        return self._forward(tokens, keep=len(tokens))  # [n, n_logits]
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
-        return self._forward(tokens, keep_last=True)[-1]  # [n_logits]
+        return self._forward(tokens, keep=1)[-1]  # [n_logits]
 
-    def _forward(self, tokens: Sequence[int], keep_last: bool) -> np.ndarray:
+    def _forward(self, tokens: Sequence[int], keep: int) -> np.ndarray:
+        """The logits of the last ``keep`` positions (the model computes only those where it can)."""
         ids = self._check(tokens)
         if self.cache is None:
             self.cache = new_cache(self.model)
-        kw = {self._keep_arg: 1} if keep_last and self._keep_arg else {}
+        kw = {self._keep_arg: keep} if keep < len(tokens) and self._keep_arg else {}
         def run():
             with torch.inference_mode():
                 return self.model(input_ids=ids, cache=self.cache, use_cache=True, **kw)
         out = self._threads.timed(run) if self._threads else run()
         self._n_past += ids.shape[1]
-        return out.logits[0].float().cpu().numpy()
+        return out.logits[0, -keep:].float().cpu().numpy()
 
     def _check(self, tokens: Sequence[int]) -> torch.Tensor:
         tokens = self.check_tokens(tokens)
@@ -202,11 +203,12 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
         for group in pad_groups(work):
             if len(group) == 1:
                 j, lane, tokens, rows = group[0]
-                logits = lane._forward(tokens, keep_last=not rows)
-                out[j] = logits if rows else None
+                n = tail_rows(rows, len(tokens))
+                logits = lane._forward(tokens, keep=max(n, 1))
+                out[j] = logits if n else None
             else:
-                for (j, _, _, rows), logits in zip(group, self._forward_padded(group)):
-                    out[j] = logits if rows else None
+                for (j, _, tokens, rows), logits in zip(group, self._forward_padded(group)):
+                    out[j] = logits if tail_rows(rows, len(tokens)) else None
         return out
 
     def _forward_padded(self, group) -> list[np.ndarray]:
@@ -227,12 +229,19 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
             keys = [F.pad(h[i].keys if h else empty, (0, 0, P - n, 0)) for h, n in zip(held, past)]
             values = [F.pad(h[i].values if h else empty, (0, 0, P - n, 0)) for h, n in zip(held, past)]
             cache.update(torch.cat(keys), torch.cat(values), i)
+        # the positions whose logits some ask wants (each ask's last ones): one span for the batch
+        want = [(len(t) - tail_rows(rows, len(t)), len(t)) for _, _, t, rows in group]
+        asked = [(a, b) for a, b in want if a < b] or [(L - 1, L)]
+        lo, hi = min(a for a, _ in asked), max(b for _, b in asked)
+        kw = {self._keep_arg: torch.arange(lo, hi, device=self.device)} if self._keep_arg else {}
+
         def run():
             with torch.inference_mode():
                 return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                                  use_cache=True)
+                                  use_cache=True, **kw)
         out = self._threads.timed(run) if self._threads else run()
         logits = out.logits.float().cpu().numpy()
+        lo = lo if kw else 0  # where the logits returned start
         rows = []
         for b, (_, lane, tokens, _) in enumerate(group):
             n = len(tokens)
@@ -242,7 +251,7 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
                 new = slice(P, P + n)
                 lane.cache.update(layer.keys[b : b + 1, :, new], layer.values[b : b + 1, :, new], i)
             lane._n_past += n
-            rows.append(logits[b, :n])
+            rows.append(logits[b, want[b][0] - lo : n - lo])
         return rows
 
     def sync(self) -> None:

@@ -327,7 +327,8 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
             if isinstance(drafted.get(i), Exception):
                 raise drafted[i]
             tokens = streams[i].draft(a, c, alone=len(asks) == 1, drafted=drafted.get(i))
-            items.append((streams[i].target, list(streams[i].pending) + tokens, True))
+            # the rows of the step's tokens only: a folded prompt's own are never read
+            items.append((streams[i].target, list(streams[i].pending) + tokens, len(tokens)))
             scored.append(i)
         except Exception as e:
             out[i] = e
@@ -340,11 +341,10 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
     c = _Clock(clock)
     rows = target.score_many(items)
     t = c.lap()
-    for i, r in zip(scored, rows):
+    for (_, _, n), i, r in zip(items, scored, rows):
         try:
-            n = len(streams[i].pending)
-            streams[i].prefilled(n, 0.0)  # read in the step's pass: its time is the step's
-            out[i] = streams[i].take(r[n:], t_pass=t, n_batch=len(scored))
+            streams[i].prefilled(len(streams[i].pending), 0.0)  # read in the step's pass, timed as it
+            out[i] = streams[i].take(r[len(r) - n:], t_pass=t, n_batch=len(scored))
         except Exception as e:
             out[i] = e
     for i, n in fills:

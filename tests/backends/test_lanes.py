@@ -59,6 +59,33 @@ def test_one_pass_over_lanes_gives_each_its_own_rows(name, opts):
         assert np.array_equal(again[0].argmax(-1), again[1].argmax(-1))
 
 
+@pytest.mark.parametrize("name, opts", [*BACKENDS, ("synthetic", None)])
+def test_a_pass_returns_only_the_last_rows_asked_for(name, opts):
+    """``rows`` a number n: the logits of the last n positions, those of the whole pass's last n
+    (a step's pass reading a prompt's last tokens needs no rows of them); one lane alone and
+    lanes of different lengths in one pass, with a prompt chunk beside them that wants none."""
+    if name != "synthetic":
+        need(name)
+    b = load_backend(name, None, opts)
+    seqs = [b.encode(t) for t in TEXTS]
+    full = []
+    for s in seqs:
+        b.reset()
+        full.append(b.score(s))
+    b.reset()
+    lanes = b.lanes(4)
+    tails = [2, 5, 1, 0]
+    rows = b.score_many([(lane, s, n) for lane, s, n in zip(lanes, seqs, tails)])
+    assert rows[3] is None and [lane.held for lane in lanes] == seqs
+    for r, f, n in zip(rows[:3], full, tails):
+        assert r.shape == (n, f.shape[1])
+        assert np.array_equal(r.argmax(-1), f[-n:].argmax(-1))
+        np.testing.assert_allclose(r, f[-n:], atol=1e-3 if name == "torch" else 1e-4)
+    b.reset()
+    alone = b.score_many([(b, seqs[0], 3)])[0]
+    np.testing.assert_allclose(alone, full[0][-3:], atol=1e-3 if name == "torch" else 1e-4)
+
+
 @pytest.mark.parametrize("name, opts", BACKENDS)
 def test_lanes_share_the_weights(name, opts):
     need(name)
