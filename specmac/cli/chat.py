@@ -135,7 +135,7 @@ class Session:
             if text.startswith("/") and text[1:].isalpha():
                 self._note(f"unknown command {text}: {HELP}")
                 continue
-            self.reply(line.rstrip("\r\n"))
+            self.reply(text)
             if self.terminated:
                 raise KeyboardInterrupt
 
