@@ -63,6 +63,8 @@ def stats_block(r: dict, speculative: bool) -> list[str]:
     lines.append(f"time: draft {_pct(ts['draft'], total)}  verify {_pct(ts['verify'], total)}  "
                  f"other {_pct(ts['other'], total)}  (prompt prefill {r['prefill_seconds']:.2f} s, "
                  "not counted)")
+    if r.get("prompt_format"):
+        lines.append(f"prompt: {r['prompt_format']}")
     if "prediction" in r:
         pr = r["prediction"]
         lines.append(f"prediction: {pr['accepted_prediction_tokens']} of {pr['prediction_tokens']} tokens "
@@ -97,6 +99,15 @@ def _baseline_threads(counts: dict | None) -> str | None:
     return (f"baseline NOT at the run's CPU threads (run: {_threads_text(run['start'])} at its start, "
             f"{_threads_text(run['end'])} at its end; baseline: {_threads_text(base)}): the load on "
             "the machine changed, and the speedup holds that change too")
+
+
+def turn_line(r: dict, n_prompt: int, speculative: bool) -> str:
+    """`specmac chat`'s line after a reply: its speed, the prompt tokens the caches already held."""
+    tps, rate = r["tokens_per_second"], r["acceptance_rate"]
+    spec = f"acceptance {'-' if rate is None else f'{rate:.0%}'}, " if speculative else ""
+    return (f"[{_n(r['n_tokens'], 'token')} in {r['seconds']:.2f} s = {'-' if tps is None else f'{tps:.1f}'} "
+            f"tokens/s; prompt {_n(n_prompt, 'token')}, {r['cached_tokens']} reused; {spec}"
+            f"finish: {r['finish_reason']}]")
 
 
 # --- verify ----------------------------------------------------------------------------------

@@ -40,21 +40,27 @@ from specmac.core.planner import K_DEFAULT
 @click.option("--prediction", "prediction_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="Text expected back (OpenAI's Predicted Outputs: e.g. the file being edited), drafted "
                    "from where the output reaches it; with --draft, that draft drafts elsewhere.")
-@click.option("--chat", is_flag=True, help="Apply the target's chat template, if it has one.")
+@click.option("--chat/--raw", " /--no-chat", "chat", default=None,
+              help="The prompt as the user's message through the target's chat template (the default "
+                   "where the target has one; --chat requires one), or the text as it is (--raw, to "
+                   "continue a text or code).")
+@click.option("--system", metavar="TEXT", help="A system message before the prompt (chat template only).")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding and print the speedup.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--color/--no-color", "color", default=None,
               help="Colour the tokens by origin (default: on a terminal, unless NO_COLOR is set).")
 @profile_options
-def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, chat, baseline, as_json, color,
-        profile_path, precision, **kw):
+def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, chat, system, baseline, as_json,
+        color, profile_path, precision, **kw):
     """Generate from PROMPT (or --prompt-file, or stdin) with speculative decoding.
 
-    On a terminal the text streams in colour: green tokens are accepted drafts, red ones the
+    The prompt goes through the target's chat template, as the user's message, where the target
+    has one; --raw sends the text as it is (for a text or code to continue). On a terminal the
+    text streams in colour: green tokens are accepted drafts, red ones the
     target's corrections, cyan ones bonus tokens. A stats block follows on stderr.
     """
     from specmac.cli import runner
-    from specmac.cli.textin import read_prediction, read_prompt
+    from specmac.cli.textin import TEMPLATE, read_prediction, read_prompt, run_prompt
 
     prompt = read_prompt(prompt, prompt_file)
     prediction = read_prediction(prediction_file) if prediction_file else None
@@ -72,16 +78,19 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
                         "--draft BACKEND (or --draft ngram, or --prediction FILE), or drop --k")
     if remeasure and k != "auto":
         raise UserError("--remeasure re-measures the pass costs that --k auto uses: add --k auto or drop it")
+    if system is not None and chat is False:
+        raise UserError("--system is a message of the chat template, and --raw sends the text as it is: "
+                        "drop --system, or drop --raw")
     pair = choice.pair() if choice else load_pair(kw)
     if choice and not as_json:
         click.echo(choice.line, err=True)
-    if chat:
-        prompt = pair.target.apply_chat_template(prompt)
+    prompt, prompt_format = run_prompt(pair.target, prompt, chat, system)
     # "auto" times the pair's passes here, before the first token (a long measurement says so first)
     policy = pair.planner(k, remeasure=remeasure, notify=None if as_json else _say)
     code = runner.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],
                       baseline=baseline, as_json=as_json, color=use_color(color, as_json),
                       meta={"command": " ".join(["specmac", *sys.argv[1:]]),
+                            "chat_template": prompt_format == TEMPLATE, "prompt_format": prompt_format,
                             **({"profile": {"file": profile_path, "group": choice.group, "line": choice.line}}
                                if choice else {})},
                       prediction=prediction)

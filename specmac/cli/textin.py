@@ -1,10 +1,12 @@
-"""Prompt input for the CLI: the argument, a file or stdin, as UTF-8 text with a size cap."""
+"""Prompt input for the CLI: the argument, a file or stdin, as UTF-8 text with a size cap; and the
+chat template around it (run's default, chat's messages)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
+from specmac.cli.app import UserError, one_line
 from specmac.errors import SpecmacError
 
 MAX_PROMPT_BYTES = 8 << 20  # far beyond any context window; /dev/zero must not fill the memory
@@ -71,6 +73,46 @@ def _read_text(path: str, flag: str = "--prompt-file") -> str:
     except OSError as e:
         raise SpecmacError(f"cannot read {flag} {path}: {e.strerror}") from None
     return _decode(data, f"{flag} {path}")
+
+
+# --- the chat template --------------------------------------------------------------------
+
+TEMPLATE = "the target's chat template"
+RAW = "raw text (--raw)"
+NO_TEMPLATE = "raw text (the target has no chat template)"
+
+
+def templated(target, messages: list[dict]) -> str | None:
+    """``messages`` through the target's chat template, ready for the assistant's turn; None where
+    the target has no template. A template that refuses the messages (e.g. one without a system
+    role, given --system) is a user error."""
+    try:
+        return target.apply_chat_template(messages)
+    except SpecmacError as e:
+        if e.param != "chat":
+            raise
+        return None
+    except Exception as e:  # the template's own raise_exception: ValueError (llama.cpp) or jinja2's
+        if not isinstance(e, ValueError) and not type(e).__module__.startswith("jinja2"):
+            raise
+        raise UserError(f"the target's chat template refuses this conversation: {one_line(str(e))}") from None
+
+
+def run_prompt(target, prompt: str, chat: bool | None, system: str | None) -> tuple[str, str]:
+    """`run`'s prompt and how it was formed: the chat template where the target has one (chat
+    None, the default), required (chat True: --chat), or the text as it is (chat False: --raw)."""
+    if chat is False:
+        return prompt, RAW  # --system with --raw is refused before the models load
+    messages = ([{"role": "system", "content": system}] if system is not None else [])
+    text = templated(target, [*messages, {"role": "user", "content": prompt}])
+    if text is not None:
+        return text, TEMPLATE
+    if chat:
+        raise UserError(f"--chat: the target ({target.name}) has no chat template: drop --chat to send "
+                        "the text as it is")
+    if system is not None:
+        raise UserError("--system needs a chat template, and the target has none: drop --system")
+    return prompt, NO_TEMPLATE
 
 
 # --- streaming text --------------------------------------------------------------------------
