@@ -11,40 +11,45 @@ import click
 
 from specmac.cli.app import (
     UserError,
-    load_pair,
     main,
     owned_outputs,
     parse_kv,
     report_record,
     sampling_options,
 )
+from specmac.cli.flags import ctx_option, load_pair
 from specmac.cli.render import under_load
 
 ADVISE_HELP = """What should I run? Without --draft: every configuration the installed backends can
-run (draft backend and precision x target backend and precision x K, plain decoding of each target
-included), ranked by predicted tokens/s within precision groups. With --draft BACKEND: S(K) of
-that one pairing for K = 1..16.
+run, ranked by predicted tokens/s within precision groups (each group one output distribution):
+plain decoding of each target (none), prompt lookup (ngram, lookup), each draft model on each
+backend and as a hybrid (LOOKUP+BACKEND, e.g. lookup+gguf), at K = 1..--k-max; `--k auto` in run
+and serve chooses K every step from the same cost model. With --draft (ngram, lookup, a backend
+or LOOKUP+BACKEND): S(K) of that one pairing for K = 1..16.
 
 \b
 Ranking (models: .gguf files and/or Hugging Face folders; default the embedded pair):
-  specmac advise --draft-model draft.gguf --target-model target.gguf --target-model target-f16.gguf
+  specmac advise -md draft.gguf -m target.gguf -m target-f16.gguf
 One pairing:
-  specmac advise --draft gguf --target torch --target-model FOLDER
+  specmac advise --draft gguf --target torch -m FOLDER
 """
 
 
 @main.command(help=ADVISE_HELP, short_help="What should I run here? Rank configurations, or one pairing.")
 @click.option("--target", default=None, metavar="BACKEND",
               help="Target backend (one pairing with --draft; alone: only this backend's targets).")
-@click.option("--draft", default=None, metavar="BACKEND",
-              help="Draft backend or ngram: advise on one pairing.")
-@click.option("--target-model", "target_models", multiple=True, metavar="PATH",
+@click.option("--draft", default=None, metavar="DRAFT",
+              help="Advise on one pairing with this draft: ngram, lookup, a backend or LOOKUP+BACKEND "
+                   "(none: the ranking).")
+@click.option("-m", "--target-model", "target_models", multiple=True, metavar="PATH",
               help="Target model, repeatable for several precisions (.gguf file or HF folder).")
-@click.option("--draft-model", "draft_models", multiple=True, metavar="PATH", help="Draft model, repeatable.")
+@click.option("-md", "--draft-model", "draft_models", multiple=True, metavar="PATH",
+              help="Draft model, repeatable.")
 @click.option("--target-opt", multiple=True, metavar="KEY=VALUE",
               help="Target backend option, repeatable (ranking: for every target variant).")
 @click.option("--draft-opt", multiple=True, metavar="KEY=VALUE",
               help="Draft backend option, repeatable (ranking: for every draft variant).")
+@ctx_option
 @click.option("--backends", "backends_text", metavar="LIST",
               help="Ranking: backends to try, e.g. gguf,torch (default: every installed one).")
 @click.option("--k-max", type=int, default=None, help="Ranking: largest K considered [default: 8].")
@@ -105,7 +110,7 @@ def advise(target_models, draft_models, backends_text, k_max, prompts, prompts_p
             if len(given) > 1:
                 raise UserError(f"{flag} is given {len(given)} times: one pairing takes one model per role "
                                 "(drop --draft to rank several)")
-        _one_pairing(dict(kw, target=kw["target"] or "gguf", target_model=next(iter(target_models), None),
+        _one_pairing(dict(kw, target_model=next(iter(target_models), None),
                           draft_model=next(iter(draft_models), None)),
                      params, prompts, run_tokens, context, repeats, as_json, plot, out)
 
@@ -155,8 +160,8 @@ def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, par
     record = under_load(lambda: rank_configurations(
         list(draft_models) or [None], list(target_models) or [None], params=params,
         prompts=prompts, backends=backends, chat=kw["chat"], k_max=k_max, run_tokens=run_tokens,
-        seed=kw["seed"], target_options=parse_kv(kw["target_opt"], "--target-opt"),
-        draft_options=parse_kv(kw["draft_opt"], "--draft-opt"),
+        seed=kw["seed"], target_options=_with_ctx(parse_kv(kw["target_opt"], "--target-opt"), kw),
+        draft_options=_with_ctx(parse_kv(kw["draft_opt"], "--draft-opt"), kw),
         progress=None if as_json else lambda m: click.echo(f"probing {m}", err=True)))
     record["prompts"] = kw["prompts_info"]
     record["provenance"] = provenance(" ".join(sys.argv), [*draft_models, *target_models])
@@ -168,6 +173,11 @@ def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, par
     if save and not as_json:
         click.echo(f"\nprofile written to {save}: specmac serve --profile {save} [--precision GROUP]",
                    err=True)
+
+
+def _with_ctx(options: dict, kw: dict) -> dict:
+    """Ranking: -c as every variant's n_ctx, unless --*-opt n_ctx says otherwise."""
+    return options if kw["ctx_size"] is None else {"n_ctx": kw["ctx_size"], **options}
 
 
 def _print_ranking(r: dict, by_category: bool = False) -> None:

@@ -9,14 +9,13 @@ import click
 from specmac.cli.app import (
     UserError,
     emit_json,
-    load_pair,
     main,
-    pair_options,
     parse_k,
     sampling_options,
     sampling_params,
     use_color,
 )
+from specmac.cli.flags import load_pair, pair_options
 from specmac.cli.profile import given, profile_choice, profile_options
 from specmac.core.planner import K_DEFAULT
 
@@ -33,7 +32,7 @@ from specmac.core.planner import K_DEFAULT
                    "timings, so the same --seed can give other text); with --sampler coupled it is.")
 @click.option("--remeasure", is_flag=True,
               help="With --k auto: measure the pass costs again instead of using the kept ones.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, metavar="N",
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, metavar="N",
               help="Stop after N generated tokens (or at EOS, or at the context window).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False),
               help="Read the prompt from a file ('-' = stdin).")
