@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 
@@ -17,7 +18,7 @@ from specmac.cli.app import (
     report_record,
     sampling_options,
 )
-from specmac.cli.flags import ctx_option, load_pair
+from specmac.cli.flags import command_lines, ctx_option, load_pair
 from specmac.cli.render import under_load
 
 ADVISE_HELP = """What should I run? Without --draft: every configuration the installed backends can
@@ -25,7 +26,8 @@ run, ranked by predicted tokens/s within precision groups (each group one output
 plain decoding of each target (none), prompt lookup (ngram, lookup), each draft model on each
 backend and as a hybrid (LOOKUP+BACKEND, e.g. lookup+gguf), at K = 1..--k-max; `--k auto` in run
 and serve chooses K every step from the same cost model. With --draft (ngram, lookup, a backend
-or LOOKUP+BACKEND): S(K) of that one pairing for K = 1..16.
+or LOOKUP+BACKEND): S(K) of that one pairing for K = 1..16. Either ends with its first
+choice as `specmac run` and `specmac serve` command lines.
 
 \b
 Ranking (models: .gguf files and/or Hugging Face folders; default the embedded pair):
@@ -165,6 +167,7 @@ def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, par
         progress=None if as_json else lambda m: click.echo(f"probing {m}", err=True)))
     record["prompts"] = kw["prompts_info"]
     record["provenance"] = provenance(" ".join(sys.argv), [*draft_models, *target_models])
+    record["first_choice"] = _first_choice(record, kw["ctx_size"], save)
     if save:
         from specmac.advise.profile import save_profile
 
@@ -173,6 +176,26 @@ def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, par
     if save and not as_json:
         click.echo(f"\nprofile written to {save}: specmac serve --profile {save} [--precision GROUP]",
                    err=True)
+
+
+def _first_choice(record: dict, ctx: int | None, save: str | None) -> dict:
+    """The ranking's first choice (what `serve --profile` loads without --precision) as commands."""
+    from specmac.advise.profile import build_profile, load_kwargs
+
+    group = build_profile(record)["groups"][0]
+    config = group["configurations"][0]
+    commands = command_lines(load_kwargs(config), config["k"], ctx, record["sampling"])
+    out = {"group": group["group"], **commands}
+    if save:
+        out["profile"] = shlex.join(["specmac", "serve", "--profile", save])
+    return out
+
+
+def _print_first_choice(first: dict) -> None:
+    click.echo(f"\nfirst choice{' (' + first['group'] + ')' if first.get('group') else ''}, to copy:")
+    for key in ("run", "serve", "profile"):
+        if key in first:
+            click.echo(f"  {first[key]}")
 
 
 def _with_ctx(options: dict, kw: dict) -> dict:
@@ -206,6 +229,7 @@ def _print_ranking(r: dict, by_category: bool = False) -> None:
     click.echo(f"\nlookup+MODEL (the hybrid) is {r['hybrid']}.")
     for sk in r["skipped"]:
         click.echo(f"skipped {sk['role']} {sk['backend']} {sk['precision']}: {sk['reason']}", err=True)
+    _print_first_choice(r["first_choice"])
 
 
 def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plot, out) -> None:
@@ -222,6 +246,12 @@ def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plo
     for backend in pair.drafts.values():
         models += model_files(backend, kw["draft_model"], "draft")
     record["provenance"] = provenance(" ".join(sys.argv), models)
+    load = {"target": kw["target"], "target_model": kw["target_model"], "draft": kw["draft"],
+            "draft_model": kw["draft_model"], "target_options": parse_kv(kw["target_opt"], "--target-opt"),
+            "draft_options": parse_kv(kw["draft_opt"], "--draft-opt")}
+    # speculation that does not pay: plain decoding is the first choice
+    record["first_choice"] = command_lines(load, 0 if record["reasons"] else record["best_k"], kw["ctx_size"],
+                                           params.to_dict())
     label = f"{kw['draft']} -> {kw['target']}"
     draw = plot and (lambda: plot_speedup([{"label": label, "table": record["table"]}], plot))
     report_record(record, out, draw, as_json, _print_advise)
@@ -248,3 +278,4 @@ def _print_advise(r: dict) -> None:
         click.echo("the hybrid's model does not pay here (its prefill and passes): predicted as its lookup "
                    "alone")
     print_pair_categories(r)
+    _print_first_choice(r["first_choice"])

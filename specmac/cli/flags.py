@@ -177,3 +177,36 @@ def _fallback(kw: dict, draft_backend: str) -> tuple[str, str, str] | None:
         return "draft", "target", "-m/--target-model"
     return None
 
+
+# --- a configuration written back as flags ------------------------------------------------------
+
+SAMPLING_FLAGS = {"temperature": ("--temperature", 0.0), "top_k": ("--top-k", 0), "top_p": ("--top-p", 1.0),
+                  "min_p": ("--min-p", 0.0), "sampler": ("--sampler", "rejection")}
+
+
+def command_lines(load: dict, k: int | str, ctx: int | None = None, sampling: dict | None = None) -> dict:
+    """The `specmac run` and `specmac serve` command lines that load ``load`` (``Pair.load``'s
+    keyword arguments) at K ``k`` (0: plain decoding), -c ``ctx`` in place of options' n_ctx, and
+    (run only) the sampling flags that differ from run's defaults: {"run": ..., "serve": ...}."""
+    import shlex
+
+    plain = load["draft"] == "none" or not k
+    flags = ["--target", load["target"]]
+    flags += ["--target-model", load["target_model"]] if load.get("target_model") else []
+    if not plain:
+        flags += ["--draft", load["draft"]]
+        flags += ["--draft-model", load["draft_model"]] if load.get("draft_model") else []
+    roles = (("target", True), ("draft", not plain and load["draft"] not in DRAFTERS_WITHOUT_MODEL))
+    for role, used in roles:
+        for key, value in (load.get(f"{role}_options") or {}).items():
+            if used and not (key == "n_ctx" and ctx is not None and str(value) == str(ctx)):
+                flags += [f"--{role}-opt", f"{key}={value}"]
+    flags += ["-c", str(ctx)] if ctx is not None else []
+    flags += [] if plain else ["--k", str(k)]
+    run = [*flags]
+    for key, (flag, default) in SAMPLING_FLAGS.items():
+        value = (sampling or {}).get(key, default)
+        if value != default:
+            run += [flag, str(value)]
+    return {"run": shlex.join(["specmac", "run", *run, "YOUR PROMPT"]),
+            "serve": shlex.join(["specmac", "serve", *flags])}
