@@ -228,9 +228,11 @@ def _verify_exact(k, length, sequences, tolerance, tokens, as_json, kw) -> None:
 # --- backends -----------------------------------------------------------------------------
 
 @main.command()
+@click.option("--options", "options", is_flag=True,
+              help="List each installed backend's --target-opt/--draft-opt keys with their defaults.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
-def backends(as_json):
+def backends(options, as_json):
     """List every registered backend: installed?, library version, devices."""
-    from specmac.cli.render import list_backends
+    from specmac.cli.render import list_backends, list_options
 
-    list_backends(as_json)
+    (list_options if options else list_backends)(as_json)
