@@ -12,13 +12,14 @@ import click
 
 from specmac.cli.app import (
     UserError,
+    load_pair,
     main,
     owned_outputs,
     parse_kv,
     report_record,
     sampling_options,
 )
-from specmac.cli.flags import command_lines, ctx_option, load_pair
+from specmac.cli.flags import command_lines, ctx_option
 from specmac.cli.render import under_load
 
 ADVISE_HELP = """What should I run? Without --draft: every configuration the installed backends can

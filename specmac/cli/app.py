@@ -19,21 +19,14 @@ from typing import Any
 
 import click
 
+from specmac.cli.base import UserError, one_line
+from specmac.cli.base import parse_kv as parse_kv  # KEY=VALUE flags, shared by the commands
+from specmac.cli.flags import load_pair as load_pair  # the pair flags, shared by the commands
+from specmac.cli.flags import pair_options as pair_options
 from specmac.errors import SpecmacError
 
 # `specmac` alone prints its help through this UsageError (click >= 8.2); it stays as it is
 _HELP_ERRORS = tuple(c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c)
-
-
-class UserError(click.ClickException):
-    """A one-line message; exit status 2."""
-
-    exit_code = 2
-
-
-def one_line(message: str) -> str:
-    """Collapse a message onto one line (library messages sometimes carry newlines)."""
-    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
 def _debug_traceback(e: BaseException) -> None:
@@ -193,17 +186,6 @@ def main() -> None:
 
 
 # --- shared options ------------------------------------------------------------------------
-
-def parse_kv(values: tuple[str, ...], flag: str) -> dict[str, str]:
-    """("key=value", ...) -> {key: value}; anything else is a one-line UserError naming ``flag``."""
-    out = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"{flag} {item!r} is not key=value: write e.g. {flag} n_threads=2")
-        out[key.strip()] = value.strip()
-    return out
-
 
 def sampling_options(f: Callable | None = None, *, temperature: float = 0.0) -> Callable:
     """--temperature/--top-k/--top-p/--min-p/--sampler/--seed; ``@sampling_options`` or

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from specmac.cli.app import UserError, one_line, parse_kv
+from specmac.cli.base import UserError, one_line, parse_kv
 from specmac.errors import SpecmacError, VocabMismatch
 
 DRAFTERS_WITHOUT_MODEL = ("none", "ngram", "lookup")

@@ -9,13 +9,14 @@ import click
 from specmac.cli.app import (
     UserError,
     emit_json,
+    load_pair,
     main,
+    pair_options,
     parse_k,
     sampling_options,
     sampling_params,
     use_color,
 )
-from specmac.cli.flags import load_pair, pair_options
 from specmac.cli.profile import given, profile_choice, profile_options
 from specmac.core.planner import K_DEFAULT
 

@@ -9,8 +9,7 @@ import sys
 
 import click
 
-from specmac.cli.app import UserError, main, parse_k
-from specmac.cli.flags import load_pair, pair_options
+from specmac.cli.app import UserError, load_pair, main, pair_options, parse_k
 from specmac.cli.profile import profile_choice, profile_options
 
 
