@@ -106,6 +106,9 @@ def advise(target_models, draft_models, backends_text, k_max, prompts, prompts_p
     prompts, kw["chat"], kw["prompts_info"] = advise_prompts(prompts, prompts_path, turns, chat)
     with owned_outputs(out, plot), _saved_file(save, out):
         if ranking:
+            if kw["ctx_size"] is not None:  # every variant's n_ctx, unless a --*-opt n_ctx says otherwise
+                for flag in ("target_opt", "draft_opt"):
+                    kw[flag] = (f"n_ctx={kw['ctx_size']}", *kw[flag])
             _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, params, kw, as_json,
                   out, save, by_category)
             return
@@ -163,8 +166,8 @@ def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, par
     record = under_load(lambda: rank_configurations(
         list(draft_models) or [None], list(target_models) or [None], params=params,
         prompts=prompts, backends=backends, chat=kw["chat"], k_max=k_max, run_tokens=run_tokens,
-        seed=kw["seed"], target_options=_with_ctx(parse_kv(kw["target_opt"], "--target-opt"), kw),
-        draft_options=_with_ctx(parse_kv(kw["draft_opt"], "--draft-opt"), kw),
+        seed=kw["seed"], target_options=parse_kv(kw["target_opt"], "--target-opt"),
+        draft_options=parse_kv(kw["draft_opt"], "--draft-opt"),
         progress=None if as_json else lambda m: click.echo(f"probing {m}", err=True)))
     record["prompts"] = kw["prompts_info"]
     record["provenance"] = provenance(" ".join(sys.argv), [*draft_models, *target_models])
@@ -197,11 +200,6 @@ def _print_first_choice(first: dict) -> None:
     for key in ("run", "serve", "profile"):
         if key in first:
             click.echo(f"  {first[key]}")
-
-
-def _with_ctx(options: dict, kw: dict) -> dict:
-    """Ranking: -c as every variant's n_ctx, unless --*-opt n_ctx says otherwise."""
-    return options if kw["ctx_size"] is None else {"n_ctx": kw["ctx_size"], **options}
 
 
 def _print_ranking(r: dict, by_category: bool = False) -> None:
