@@ -152,6 +152,6 @@ def test_ctx_size_overrides_a_profiles_windows(tmp_path):
     res = invoke("advise", "--backends", "synthetic", "--k-max", "2", "--run-tokens", "8", "-c", "300",
                  "--save", str(path), "--json")
     assert res.exit_code == 0, res.output
-    assert '"n_ctx": 300' in path.read_text()  # the profile keeps advise's -c
+    assert '"n_ctx": "300"' in path.read_text()  # the profile keeps advise's -c, as --*-opt n_ctx=300
     r, _ = run_json("--profile", str(path), "-c", "64", "-n", "2", "hi")
     assert r["target"]["n_ctx"] == 64 and (r["draft"].get("n_ctx") in (None, 64))
