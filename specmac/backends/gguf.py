@@ -70,7 +70,8 @@ class GGUFBackend(BaseBackend):
                         choices=tuple(QUANTS)),
         "n_ctx": Option(int, None, "context window; default 2048 or the model's training context if smaller",
                         lo=2, hi=MAX_CTX),
-        "n_threads": Option(int, None, "CPU threads for single-token and batched passes alike",
+        "n_threads": Option(int, None, "CPU threads for single-token and batched passes alike; default "
+                                       "the physical cores, fewer where other work keeps CPUs busy",
                             lo=1, hi=MAX_THREADS),
         "n_batch": Option(int, 512, "most tokens per llama_decode (also the micro-batch)", lo=1, hi=MAX_CTX),
         "n_gpu_layers": Option(int, None, "layers offloaded to the GPU; -1 all; default all if the build "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 
@@ -18,33 +19,40 @@ from specmac.cli.app import (
     report_record,
     sampling_options,
 )
+from specmac.cli.flags import command_lines, ctx_option
 from specmac.cli.render import under_load
 
 ADVISE_HELP = """What should I run? Without --draft: every configuration the installed backends can
-run (draft backend and precision x target backend and precision x K, plain decoding of each target
-included), ranked by predicted tokens/s within precision groups. With --draft BACKEND: S(K) of
-that one pairing for K = 1..16.
+run, ranked by predicted tokens/s within precision groups (each group one output distribution):
+plain decoding of each target (none), prompt lookup (ngram, lookup), each draft model on each
+backend and as a hybrid (LOOKUP+BACKEND, e.g. lookup+gguf), at K = 1..--k-max; `--k auto` in run
+and serve chooses K every step from the same cost model. With --draft (ngram, lookup, a backend
+or LOOKUP+BACKEND): S(K) of that one pairing for K = 1..16. Either ends with its first
+choice as `specmac run` and `specmac serve` command lines.
 
 \b
 Ranking (models: .gguf files and/or Hugging Face folders; default the embedded pair):
-  specmac advise --draft-model draft.gguf --target-model target.gguf --target-model target-f16.gguf
+  specmac advise -md draft.gguf -m target.gguf -m target-f16.gguf
 One pairing:
-  specmac advise --draft gguf --target torch --target-model FOLDER
+  specmac advise --draft gguf --target torch -m FOLDER
 """
 
 
 @main.command(help=ADVISE_HELP, short_help="What should I run here? Rank configurations, or one pairing.")
 @click.option("--target", default=None, metavar="BACKEND",
               help="Target backend (one pairing with --draft; alone: only this backend's targets).")
-@click.option("--draft", default=None, metavar="BACKEND",
-              help="Draft backend or ngram: advise on one pairing.")
-@click.option("--target-model", "target_models", multiple=True, metavar="PATH",
+@click.option("--draft", default=None, metavar="DRAFT",
+              help="Advise on one pairing with this draft: ngram, lookup, a backend or LOOKUP+BACKEND "
+                   "(none: the ranking).")
+@click.option("-m", "--target-model", "target_models", multiple=True, metavar="PATH",
               help="Target model, repeatable for several precisions (.gguf file or HF folder).")
-@click.option("--draft-model", "draft_models", multiple=True, metavar="PATH", help="Draft model, repeatable.")
+@click.option("-md", "--draft-model", "draft_models", multiple=True, metavar="PATH",
+              help="Draft model, repeatable.")
 @click.option("--target-opt", multiple=True, metavar="KEY=VALUE",
               help="Target backend option, repeatable (ranking: for every target variant).")
 @click.option("--draft-opt", multiple=True, metavar="KEY=VALUE",
               help="Draft backend option, repeatable (ranking: for every draft variant).")
+@ctx_option
 @click.option("--backends", "backends_text", metavar="LIST",
               help="Ranking: backends to try, e.g. gguf,torch (default: every installed one).")
 @click.option("--k-max", type=int, default=None, help="Ranking: largest K considered [default: 8].")
@@ -98,6 +106,9 @@ def advise(target_models, draft_models, backends_text, k_max, prompts, prompts_p
     prompts, kw["chat"], kw["prompts_info"] = advise_prompts(prompts, prompts_path, turns, chat)
     with owned_outputs(out, plot), _saved_file(save, out):
         if ranking:
+            if kw["ctx_size"] is not None:  # every variant's n_ctx, unless a --*-opt n_ctx says otherwise
+                for flag in ("target_opt", "draft_opt"):
+                    kw[flag] = (f"n_ctx={kw['ctx_size']}", *kw[flag])
             _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, params, kw, as_json,
                   out, save, by_category)
             return
@@ -105,7 +116,7 @@ def advise(target_models, draft_models, backends_text, k_max, prompts, prompts_p
             if len(given) > 1:
                 raise UserError(f"{flag} is given {len(given)} times: one pairing takes one model per role "
                                 "(drop --draft to rank several)")
-        _one_pairing(dict(kw, target=kw["target"] or "gguf", target_model=next(iter(target_models), None),
+        _one_pairing(dict(kw, target_model=next(iter(target_models), None),
                           draft_model=next(iter(draft_models), None)),
                      params, prompts, run_tokens, context, repeats, as_json, plot, out)
 
@@ -160,6 +171,7 @@ def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, par
         progress=None if as_json else lambda m: click.echo(f"probing {m}", err=True)))
     record["prompts"] = kw["prompts_info"]
     record["provenance"] = provenance(" ".join(sys.argv), [*draft_models, *target_models])
+    record["first_choice"] = _first_choice(record, kw["ctx_size"], save)
     if save:
         from specmac.advise.profile import save_profile
 
@@ -168,6 +180,26 @@ def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, par
     if save and not as_json:
         click.echo(f"\nprofile written to {save}: specmac serve --profile {save} [--precision GROUP]",
                    err=True)
+
+
+def _first_choice(record: dict, ctx: int | None, save: str | None) -> dict:
+    """The ranking's first choice (what `serve --profile` loads without --precision) as commands."""
+    from specmac.advise.profile import build_profile, load_kwargs
+
+    group = build_profile(record)["groups"][0]
+    config = group["configurations"][0]
+    commands = command_lines(load_kwargs(config), config["k"], ctx, record["sampling"])
+    out = {"group": group["group"], **commands}
+    if save:
+        out["profile"] = shlex.join(["specmac", "serve", "--profile", save])
+    return out
+
+
+def _print_first_choice(first: dict) -> None:
+    click.echo(f"\nfirst choice{' (' + first['group'] + ')' if first.get('group') else ''}, to copy:")
+    for key in ("run", "serve", "profile"):
+        if key in first:
+            click.echo(f"  {first[key]}")
 
 
 def _print_ranking(r: dict, by_category: bool = False) -> None:
@@ -196,6 +228,7 @@ def _print_ranking(r: dict, by_category: bool = False) -> None:
     click.echo(f"\nlookup+MODEL (the hybrid) is {r['hybrid']}.")
     for sk in r["skipped"]:
         click.echo(f"skipped {sk['role']} {sk['backend']} {sk['precision']}: {sk['reason']}", err=True)
+    _print_first_choice(r["first_choice"])
 
 
 def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plot, out) -> None:
@@ -212,6 +245,12 @@ def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plo
     for backend in pair.drafts.values():
         models += model_files(backend, kw["draft_model"], "draft")
     record["provenance"] = provenance(" ".join(sys.argv), models)
+    load = {"target": kw["target"], "target_model": kw["target_model"], "draft": kw["draft"],
+            "draft_model": kw["draft_model"], "target_options": parse_kv(kw["target_opt"], "--target-opt"),
+            "draft_options": parse_kv(kw["draft_opt"], "--draft-opt")}
+    # speculation that does not pay: plain decoding is the first choice
+    record["first_choice"] = command_lines(load, 0 if record["reasons"] else record["best_k"], kw["ctx_size"],
+                                           params.to_dict())
     label = f"{kw['draft']} -> {kw['target']}"
     draw = plot and (lambda: plot_speedup([{"label": label, "table": record["table"]}], plot))
     report_record(record, out, draw, as_json, _print_advise)
@@ -238,3 +277,4 @@ def _print_advise(r: dict) -> None:
         click.echo("the hybrid's model does not pay here (its prefill and passes): predicted as its lookup "
                    "alone")
     print_pair_categories(r)
+    _print_first_choice(r["first_choice"])

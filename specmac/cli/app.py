@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -18,22 +19,14 @@ from typing import Any
 
 import click
 
+from specmac.cli.base import UserError, one_line
+from specmac.cli.base import parse_kv as parse_kv  # KEY=VALUE flags, shared by the commands
+from specmac.cli.flags import load_pair as load_pair  # the pair flags, shared by the commands
+from specmac.cli.flags import pair_options as pair_options
 from specmac.errors import SpecmacError
 
-DRAFTERS_WITHOUT_MODEL = ("none", "ngram", "lookup")
 # `specmac` alone prints its help through this UsageError (click >= 8.2); it stays as it is
 _HELP_ERRORS = tuple(c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c)
-
-
-class UserError(click.ClickException):
-    """A one-line message; exit status 2."""
-
-    exit_code = 2
-
-
-def one_line(message: str) -> str:
-    """Collapse a message onto one line (library messages sometimes carry newlines)."""
-    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
 def _debug_traceback(e: BaseException) -> None:
@@ -53,12 +46,19 @@ def _usage_hint(e: click.UsageError) -> str:
     return f"; see '{path} --help'"
 
 
+# a backend's n_ctx as advice ("raise n_ctx", "a smaller n_ctx"), not a value ("n_ctx=2048")
+N_CTX = re.compile(r"\b(?:the draft's )?n_ctx\b(?!=)")
+
+
 def flag_language(e: SpecmacError, command: click.Command | None) -> str:
     """The library names parameters; the user typed flags. When the error says which parameter it
     is about and this command has a flag for it, the message names the flag instead: a message
-    that starts with the parameter's name starts with the flag, any other gets the flag in front."""
+    that starts with the parameter's name starts with the flag, any other gets the flag in front.
+    Advice to change n_ctx names -c/--ctx-size where the command has it."""
     msg = one_line(str(e))
     param = getattr(e, "param", None)
+    if command is not None and any(p.name == "ctx_size" for p in command.params):
+        msg = N_CTX.sub("-c/--ctx-size", msg)  # "raise n_ctx": the flag that raises it
     if not param or command is None:
         return msg
     for p in command.params:
@@ -187,40 +187,6 @@ def main() -> None:
 
 # --- shared options ------------------------------------------------------------------------
 
-def parse_kv(values: tuple[str, ...], flag: str) -> dict[str, str]:
-    """("key=value", ...) -> {key: value}; anything else is a one-line UserError naming ``flag``."""
-    out = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"{flag} {item!r} is not key=value: write e.g. {flag} n_threads=2")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def pair_options(f: Callable) -> Callable:
-    """--draft/--target, their models and their backend options."""
-    opts = [
-        click.option("--target", default="gguf", show_default=True, metavar="BACKEND",
-                     help="Target backend (see `specmac backends`)."),
-        click.option("--draft", default="none", show_default=True, metavar="BACKEND",
-                     help="Draft backend, 'lookup' or 'ngram' (prompt lookup), LOOKUP+BACKEND (a "
-                          "hybrid, e.g. lookup+gguf: lookup where it matches well, else the model) "
-                          "or 'none' (plain)."),
-        click.option("--target-model", metavar="PATH|HUB_ID",
-                     help="Target model: a folder, a .gguf file, a hub id (org/name) or "
-                          "org/name:file.gguf. Default: the embedded tiny target."),
-        click.option("--draft-model", metavar="PATH|HUB_ID", help="Draft model (as --target-model)."),
-        click.option("--target-opt", multiple=True, metavar="KEY=VALUE",
-                     help="Target backend option, repeatable (device, dtype, n_threads, ...)."),
-        click.option("--draft-opt", multiple=True, metavar="KEY=VALUE",
-                     help="Draft backend option, repeatable."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
-
-
 def sampling_options(f: Callable | None = None, *, temperature: float = 0.0) -> Callable:
     """--temperature/--top-k/--top-p/--min-p/--sampler/--seed; ``@sampling_options`` or
     ``@sampling_options(temperature=1.0)`` for another default temperature."""
@@ -252,50 +218,6 @@ def sampling_options(f: Callable | None = None, *, temperature: float = 0.0) -> 
         return g
 
     return apply(f) if f is not None else apply
-
-
-def check_backend_name(name: str, flag: str, extra: tuple[str, ...] = ()) -> None:
-    """Fail before any model loads when a backend name is unknown."""
-    from specmac.backends import registry
-
-    known = list(registry())
-    if name not in known and name not in extra:
-        raise UserError(f"{flag} {name!r} is not a backend; choose one of: "
-                        f"{', '.join(sorted(known) + list(extra))} (see `specmac backends`)")
-
-
-def check_backend_options(name: str, raw: dict[str, str], flag: str) -> None:
-    """Parse ``--*-opt`` values against the backend's declared options, naming the flag on error."""
-    from specmac.backends import backend_class
-
-    cls = backend_class(name)
-    try:
-        cls.parse_options(raw)
-    except SpecmacError as e:
-        raise UserError(f"{flag}: {one_line(str(e))}") from None
-
-
-def load_pair(kw: dict):
-    """Check names and options (cheap, before any weights load), then load the Pair."""
-    from specmac.api import Pair
-    from specmac.core.sources import split_draft
-
-    check_backend_name(kw["target"], "--target")
-    try:
-        parts = split_draft(kw["draft"])
-    except SpecmacError as e:
-        raise UserError("--" + one_line(str(e))) from None
-    hybrid = len(parts) == 2
-    draft_backend = parts[-1] if parts else kw["draft"]
-    check_backend_name(draft_backend, "--draft", () if hybrid else DRAFTERS_WITHOUT_MODEL)
-    target_opts = parse_kv(kw["target_opt"], "--target-opt")
-    draft_opts = parse_kv(kw["draft_opt"], "--draft-opt")
-    check_backend_options(kw["target"], target_opts, "--target-opt")
-    if draft_backend not in DRAFTERS_WITHOUT_MODEL:
-        check_backend_options(draft_backend, draft_opts, "--draft-opt")
-    return Pair.load(kw["target"], kw["draft"], target_model=kw["target_model"],
-                     draft_model=kw["draft_model"], target_options=target_opts,
-                     draft_options=draft_opts)
 
 
 def sampling_params(kw: dict):

@@ -14,16 +14,22 @@ import click
 from click.core import ParameterSource
 
 from specmac.cli.app import UserError, emit_json, main, one_line, sampling_options, sampling_params
+from specmac.cli.flags import ctx_option, model_backend
 from specmac.files import machine_lock, output_lock
 
 COMPARE_HELP = """Measure draft/target pairings side by side: every --pair at every K, plus each
-target's own plain decoding, interleaved in one run, with the cost model's prediction
-beside each measurement. Writes DIR/results.json, DIR/summary.md and PNG plots.
+target's own plain decoding (none), interleaved in one run, with the cost model's prediction
+beside each measurement. Writes DIR/results.json, DIR/summary.md and PNG plots. A pair's draft is
+a backend (a draft model), ngram or lookup (prompt lookup) or LOOKUP+BACKEND (a hybrid, e.g.
+lookup+gguf); K is a list of widths and/or auto (chosen every step, as `run --k auto`).
 
 \b
-Models and options per backend (default: the embedded tiny pair):
-  --draft-model mlx=PATH  --target-model gguf=FILE.gguf
-  --opt gguf:n_threads=2  (both roles)   --draft-opt torch:dtype=float32
+Models as run and advise take them (default: the embedded tiny pair):
+  specmac compare -md draft.gguf -m target.gguf    (pairs gguf:gguf and ngram:gguf)
+  specmac compare --pair lookup+gguf:gguf -md draft.gguf -m target.gguf --k 2,4,auto
+or per backend, with options per backend:
+  --draft-model mlx=FOLDER  --target-model gguf=FILE.gguf
+  --opt gguf:n_threads=2  (both roles)   --draft-opt torch:dtype=float32   -c 4096 (every n_ctx)
 or a TOML --config with one table per backend:
   [gguf]
   target_model = "$SPECMAC_MODELS/target.gguf"
@@ -44,15 +50,56 @@ Example:
 """
 
 
-def _backend_kv(values: tuple[str, ...], flag: str) -> dict[str, str]:
-    """("mlx=PATH", ...) -> {"mlx": "PATH"}."""
-    out = {}
+def _backend_kv(values: tuple[str, ...], flag: str) -> tuple[dict[str, str], str | None]:
+    """("mlx=PATH", "FILE.gguf") -> ({"mlx": "PATH"}, "FILE.gguf"): models of one backend each, and
+    at most one model as run takes it (a path that exists is a path, "=" or not)."""
+    from specmac.backends import registry
+
+    out, plain = {}, None
     for item in values:
         name, sep, value = item.partition("=")
-        if not sep or not name or not value:
-            raise UserError(f"{flag} {item!r} is not BACKEND=PATH: write e.g. {flag} gguf=model.gguf")
+        if Path(item).expanduser().exists() or not (sep or item in registry()):
+            if plain is not None:
+                raise UserError(f"{flag} is given twice as a path ({plain}, {item}): give one, or "
+                                f"BACKEND=PATH per backend, e.g. {flag} gguf=model.gguf")
+            plain = item
+            continue
+        if not sep or not name.strip() or not value.strip() or "/" in name:
+            raise UserError(f"{flag} {item!r} is not PATH or BACKEND=PATH: write e.g. {flag} model.gguf "
+                            f"or {flag} gguf=model.gguf")
         out[name.strip()] = value.strip()
-    return out
+    return out, plain
+
+
+def _pair_models(kw: dict, pairs: tuple[str, ...]) -> tuple[dict[str, dict[str, str]], tuple[str, ...]]:
+    """-> ({"draft": {backend: path}, "target": {...}}, the pairs). A model given as run takes it is
+    the model of every pair's backend in its role; with no --pair, the pairs are run's: the draft
+    model's backend and ngram, each in front of the target model's backend (``model_backend``)."""
+    from specmac.compare import measure as cmp
+    from specmac.core.sources import FREE
+
+    (drafts, draft), (targets, target) = (_backend_kv(kw["draft_model"], "--draft-model"),
+                                          _backend_kv(kw["target_model"], "--target-model"))
+    if (draft or target) and not pairs:
+        t = model_backend(target) if target else "gguf"
+        pairs = ((f"{model_backend(draft)}:{t}",) if draft else ()) + (f"ngram:{t}",)
+    for spec in cmp.parse_pairs(pairs) if draft or target else ():
+        if target:
+            targets.setdefault(spec.target, target)
+        if draft and spec.draft_backend not in FREE:
+            drafts.setdefault(spec.draft_backend, draft)
+    return {"draft": drafts, "target": targets}, pairs
+
+
+def _ctx_opts(pairs: tuple[str, ...], ctx: int | None) -> list[tuple[str, str, str]]:
+    """-c: n_ctx of every model backend the pairs use, both roles (--opt and --*-opt win)."""
+    from specmac.compare import measure as cmp
+    from specmac.core.sources import FREE
+
+    if ctx is None:
+        return []
+    used = {b for p in cmp.parse_pairs(pairs) for b in (p.target, p.draft_backend) if b not in FREE}
+    return [(b, "n_ctx", str(ctx)) for b in sorted(used)]
 
 
 def _backend_opts(values: tuple[str, ...], flag: str) -> list[tuple[str, str, str]]:
@@ -73,12 +120,18 @@ def _default_out() -> str:
 
 @main.command(help=COMPARE_HELP, short_help="Which pairing should I run here? Measure them all.")
 @click.option("--pair", "pairs", multiple=True, metavar="DRAFT:TARGET",
-              help="A pairing, repeatable: draft backend (or ngram) : target backend. "
-                   "Default: every combination of the installed backends, plus ngram.")
+              help="A pairing, repeatable: DRAFT (a backend, ngram, lookup or LOOKUP+BACKEND) : target "
+                   "backend. Default: with -m/-md, run's pair and ngram; else every combination of the "
+                   "installed backends, plus ngram.")
 @click.option("--k", "k_text", default="1,2,4,6,8", show_default=True, metavar="LIST",
-              help="K values: a comma list and/or ranges, e.g. 1,2,4 or 1-8.")
-@click.option("--draft-model", multiple=True, metavar="BACKEND=PATH", help="Draft model of a backend.")
-@click.option("--target-model", multiple=True, metavar="BACKEND=PATH", help="Target model of a backend.")
+              help="K values: a comma list and/or ranges, and/or auto, e.g. 1,2,4 or 1-8,auto.")
+@click.option("-md", "--draft-model", multiple=True, metavar="[BACKEND=]PATH",
+              help="Draft model, as run takes it (the draft of every pair with a draft model; without "
+                   "--pair it makes the pairs), or BACKEND=PATH: that backend's draft model.")
+@click.option("-m", "--target-model", multiple=True, metavar="[BACKEND=]PATH",
+              help="Target model, as run takes it (the target of every pair), or BACKEND=PATH: that "
+                   "backend's target model.")
+@ctx_option
 @click.option("--opt", multiple=True, metavar="BACKEND:KEY=VALUE", help="Backend option, both roles.")
 @click.option("--draft-opt", multiple=True, metavar="BACKEND:KEY=VALUE", help="Option of a draft backend.")
 @click.option("--target-opt", multiple=True, metavar="BACKEND:KEY=VALUE", help="Option of a target backend.")
@@ -95,7 +148,7 @@ def _default_out() -> str:
 @click.option("--categories", metavar="LIST", help="Only the prompts of these categories (comma list).")
 @click.option("--per-category", type=int, metavar="N", help="Only the first N prompts of each category.")
 @click.option("--n-prompts", type=int, help="Use only the first N prompts.")
-@click.option("--max-tokens", type=int, default=64, show_default=True, help="New tokens per run.")
+@click.option("-n", "--max-tokens", type=int, default=64, show_default=True, help="New tokens per run.")
 @click.option("--max-tokens-for", multiple=True, metavar="CATEGORY=N",
               help="New tokens per run for the prompts of one category, repeatable.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Rounds over every prompt.")
@@ -122,6 +175,7 @@ def compare(config_path, as_json, **kw):
         raise UserError("--max-tokens, --repeats and --warmup-tokens must be integers >= 1")
     categories = [c.strip() for c in kw["categories"].split(",")] if kw["categories"] else None
     tokens_for = _max_tokens_for(kw["max_tokens_for"])
+    models, pairs = _pair_models(kw, pairs)
     chosen = prompts.select(prompts.read_prompts(kw["prompts_path"], None, kw["turns"]), categories,
                             kw["per_category"], tokens_for)
     settings = cmp.Settings(
@@ -132,9 +186,9 @@ def compare(config_path, as_json, **kw):
         warmup_tokens=kw["warmup_tokens"], max_tokens_for=tokens_for,
         backends=cmp.backend_settings(
             suite.expand_models(backend_tables) if backend_tables is not None else None,
-            draft_model=_backend_kv(kw["draft_model"], "--draft-model"),
-            target_model=_backend_kv(kw["target_model"], "--target-model"),
-            opts=_backend_opts(kw["opt"], "--opt"), draft_opts=_backend_opts(kw["draft_opt"], "--draft-opt"),
+            draft_model=models["draft"], target_model=models["target"],
+            opts=_ctx_opts(pairs, kw["ctx_size"]) + _backend_opts(kw["opt"], "--opt"),
+            draft_opts=_backend_opts(kw["draft_opt"], "--draft-opt"),
             target_opts=_backend_opts(kw["target_opt"], "--target-opt")))
     out = Path(suite.out_folder(kw["out_dir"]) if kw["out_dir"] else _default_out())
     check_output(out, "out", folder=True)  # before anything is loaded or measured

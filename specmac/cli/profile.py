@@ -3,7 +3,8 @@
 
 The profile names the whole pair, so --target, --draft, --draft-model and the --*-opt flags beside
 it are refused (one line, exit 2); --target-model picks the group of that target file; an --k given
-on the command line wins over the profile's K (K changes speed, never the output distribution).
+on the command line wins over the profile's K (K changes speed, never the output distribution), and
+-c/--ctx-size over its context windows.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def profile_choice(path: str | None, precision: str | None, kw: dict, k_text: st
         except SpecmacError as e:  # the options of another specmac version, say
             raise UserError(f"--profile {path}: its {role} options {load[f'{role}_options']} are refused "
                             f"({e}): run `specmac advise --save FILE` again") from None
+    _ctx(load, kw.get("ctx_size"))
     line = describe(prof, group, config, path, why)
     if given("k_text"):
         k = parse_k(k_text)
@@ -95,3 +97,16 @@ def profile_choice(path: str | None, precision: str | None, kw: dict, k_text: st
         # a plain configuration (K 0) drafts nothing, but a request's prediction does: serve's default
         k = config["k"] or "auto"
     return Choice(load, k, line, group["group"])
+
+
+def _ctx(load: dict, ctx: int | None) -> None:
+    """-c/--ctx-size, typed now, in place of the profile's n_ctx for the target and a draft model."""
+    from specmac.cli.flags import DRAFTERS_WITHOUT_MODEL, with_ctx
+
+    if ctx is None:
+        return
+    draft = load["draft"].split("+")[-1]
+    for role, backend in (("target", load["target"]), ("draft", draft)):
+        if backend not in DRAFTERS_WITHOUT_MODEL:
+            rest = {k: v for k, v in load[f"{role}_options"].items() if k != "n_ctx"}
+            load[f"{role}_options"] = with_ctx(backend, rest, ctx)

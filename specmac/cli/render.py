@@ -28,7 +28,8 @@ def _pct(part: float, total: float) -> str:
 
 
 def stats_block(r: dict, speculative: bool) -> list[str]:
-    """The compact summary printed after the text (see README, "What the stats mean")."""
+    """The compact summary printed after the text (docs/usage.md, "What the stats mean", explains
+    every line; a test holds the two together)."""
     tps = r["tokens_per_second"]
     lines = [f"{_n(r['n_tokens'], 'token')} in {r['seconds']:.2f} s = "
              f"{'-' if tps is None else f'{tps:.1f}'} tokens/s  "
@@ -220,6 +221,45 @@ def list_backends(as_json: bool) -> None:
     click.echo("drafters without a model: lookup (prompt lookup that bets only on a worthwhile match), "
                "ngram (prompt lookup, any match), none (plain); LOOKUP+BACKEND (e.g. lookup+gguf) "
                "is a hybrid: lookup where its match is good enough, else the model")
+
+
+def option_rows(name: str) -> list[dict]:
+    """The --target-opt/--draft-opt keys of backend ``name``, from its own option table."""
+    from specmac.backends import backend_class
+
+    return [{"key": key, "type": opt.type.__name__, "default": opt.default,
+             "choices": list(opt.choices) if opt.choices else None, "help": opt.help}
+            for key, opt in backend_class(name).options.items()]
+
+
+def _default(value) -> str:
+    return "computed" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def options_markdown(name: str) -> str:
+    """Backend ``name``'s options as the Markdown table docs/usage.md holds (a test compares them)."""
+    lines = ["| key | type | default | what |", "|---|---|---|---|"]
+    for r in option_rows(name):
+        choices = f" (one of: {', '.join(map(str, r['choices']))})" if r["choices"] else ""
+        what = f"{r['help']}{choices}".replace("|", "\\|")  # a | inside a cell ends it
+        lines.append(f"| `{r['key']}` | {r['type']} | `{_default(r['default'])}` | {what} |")
+    return "\n".join(lines)
+
+
+def list_options(as_json: bool) -> None:
+    """Every installed backend's options: key, type, default ("computed": from the model, the
+    device or the load, as the text says), what it does."""
+    rows = {r["name"]: option_rows(r["name"]) for r in backend_rows() if r["installed"]}
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for name, opts in rows.items():
+        click.echo(f"{name} (--target-opt / --draft-opt KEY=VALUE)")
+        width = max((len(o["key"]) for o in opts), default=0)
+        for o in opts:
+            choices = f" (one of: {', '.join(map(str, o['choices']))})" if o["choices"] else ""
+            click.echo(f"  {o['key']:<{width}}  {o['type']:<5}  default {_default(o['default'])}: "
+                       f"{o['help']}{choices}")
 
 
 def under_load(measure) -> dict:

@@ -33,7 +33,7 @@ from specmac.core.planner import K_DEFAULT
                    "timings, so the same --seed can give other text); with --sampler coupled it is.")
 @click.option("--remeasure", is_flag=True,
               help="With --k auto: measure the pass costs again instead of using the kept ones.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, metavar="N",
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, metavar="N",
               help="Stop after N generated tokens (or at EOS, or at the context window).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False),
               help="Read the prompt from a file ('-' = stdin).")
@@ -238,9 +238,11 @@ def _verify_exact(k, length, sequences, tolerance, tokens, as_json, kw) -> None:
 # --- backends -----------------------------------------------------------------------------
 
 @main.command()
+@click.option("--options", "options", is_flag=True,
+              help="List each installed backend's --target-opt/--draft-opt keys with their defaults.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
-def backends(as_json):
+def backends(options, as_json):
     """List every registered backend: installed?, library version, devices."""
-    from specmac.cli.render import list_backends
+    from specmac.cli.render import list_backends, list_options
 
-    list_backends(as_json)
+    (list_options if options else list_backends)(as_json)

@@ -22,8 +22,9 @@ from specmac.files import MODELS_ENV, models_home
 TABLE = "compare"
 # key -> the kind of value it takes: a flag of compare given once, or given as a list
 SCALAR = {"prompts": str, "turns": str, "chat": bool, "n_prompts": int, "per_category": int,
-          "max_tokens": int, "repeats": int, "warmup_tokens": int, "temperature": float, "top_k": int,
-          "top_p": float, "min_p": float, "sampler": str, "seed": int, "out": str, "exclusive": bool}
+          "max_tokens": int, "ctx_size": int, "repeats": int, "warmup_tokens": int, "temperature": float,
+          "top_k": int, "top_p": float, "min_p": float, "sampler": str, "seed": int, "out": str,
+          "exclusive": bool}
 LISTS = ("pairs", "k", "categories", "max_tokens_for")
 KEYS = (*LISTS, *SCALAR)
 _VAR = re.compile(r"\$(\w+)|\$\{(\w+)\}")

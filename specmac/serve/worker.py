@@ -75,6 +75,8 @@ class Running:
     prediction: PredictionDrafter | None = None
     started: bool = False
     finish: str | None = None  # why it ended ("cancelled": its client left), once it has
+    t_first: float = 0.0  # when its first tokens came (time.perf_counter), and how many
+    n_first: int = 0
 
 
 class Worker:
@@ -244,7 +246,8 @@ class Worker:
     def _emit(self, r: Running, event: Event) -> None:
         if not r.started:
             r.job.put("start", r.n_prompt)
-            self.metrics.record_first_token(time.perf_counter() - r.job.t0)
+            r.t_first, r.n_first = time.perf_counter(), len(event.tokens)
+            self.metrics.record_first_token(r.t_first - r.job.t0)
             r.started = True
         if r.prediction is not None:
             r.prediction.settle(event.source, event.n_drafted, event.n_accepted)
@@ -273,6 +276,7 @@ class Worker:
                 self.metrics.cancelled.inc()
             usage = make_usage(r.n_prompt, r.stats, r.k, r.prediction.usage() if r.prediction else None)
             self.metrics.record_run(usage)
+            log.info(request_line(r, time.perf_counter()))
             r.job.put("done", r.finish if r.finish != "cancelled" else "length", usage)
 
     def _fail(self, failed: list[Running], e: BaseException) -> None:
@@ -298,6 +302,18 @@ class Worker:
             from specmac.tuning.calibration import settle
 
             planner.settled = settle(planner.costs, planner.kept)
+
+
+def request_line(r: Running, now: float) -> str:
+    """One line per request, as llama-server's timings: tokens in and out, time to the first token
+    (queue and prompt included), tokens/s after it, drafts accepted of drafted, why it ended."""
+    s, after = r.stats, now - r.t_first
+    rate = (s.n_tokens - r.n_first) / after if r.started and after > 0 and s.n_tokens > r.n_first else None
+    first = f"{1e3 * (r.t_first - r.job.t0):.0f} ms" if r.started else "-"
+    return (f"{'chat' if r.field == 'messages' else 'completion'}: {r.n_prompt} prompt tokens "
+            f"({s.cached_tokens} cached), {s.n_tokens} out, first token {first}, "
+            f"{'-' if rate is None else f'{rate:.1f}'} tokens/s after it, "
+            f"drafts {s.n_accepted}/{s.n_drafted} accepted, k {r.k}, finish {r.finish}")
 
 
 def internal_error() -> ApiError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -105,6 +106,26 @@ def test_chat_streaming_and_not_agree(client):
     assert text == full.choices[0].message.content
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_one_log_line_per_request(client, caplog):
+    """As llama-server's timings: tokens in and out, time to the first token, tokens/s, drafts."""
+    msgs = [{"role": "user", "content": PROMPT}]
+    with caplog.at_level(logging.INFO, logger="specmac.serve"):
+        done = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0)
+        chat = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True}))
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == "specmac.serve" and r.levelno == logging.INFO]
+    assert len(lines) == 2, lines
+    for line, kind, usage in ((lines[0], "completion", done.usage), (lines[1], "chat", chat[-1].usage)):
+        u = check_usage(usage)
+        spec = u["speculative"]
+        cached = u["prompt_tokens_details"]["cached_tokens"]
+        pattern = (rf"{kind}: {u['prompt_tokens']} prompt tokens \({cached} cached\), "
+                   rf"{u['completion_tokens']} out, first token \d+ ms, (\d+\.\d|-) tokens/s after "
+                   rf"it, drafts {spec['accepted']}/{spec['drafted']} accepted, k 4, finish length")
+        assert re.fullmatch(pattern, line), line
 
 
 def test_prediction_counts_and_exactness(client):
