@@ -49,20 +49,33 @@ def _lengths(free: str) -> tuple[int, int]:
 
 
 def _converted(source: Path, variants: list[str], name: str) -> Path | None:
+    """The conversion of ``source`` specmac made and keeps in its cache, if any."""
     for v in variants:
-        if (hit := cache.lookup(source, v)) is not None:
+        try:
+            hit = cache.lookup(source, v)
+        except OSError:  # an unreadable cache or source: as if there were none
+            return None
+        if hit is not None:
             return hit[0] / name if name else hit[0]
     return None
 
 
-def _weights(side: dict, role: str, fmt: str) -> tuple[str, str | None]:
-    """(what to hand the engine for this model in format ``fmt``, what to do first where specmac
-    holds no such file). The embedded pair ships in both formats; a conversion specmac made is
-    found in its cache (`specmac models`)."""
+_TODO = {"hf": "make a Hugging Face folder of {} first (specmac makes one, cached, when torch or mlx loads "
+               "a GGUF file; `specmac models` lists them)",
+         "gguf": "make a GGUF of {} first (specmac makes an F16 one, cached, when the gguf backend loads a "
+                 "folder; `specmac models` lists them)",
+         "quant": "requantise {} first (specmac makes it, cached, when the gguf backend loads it)",
+         "none": "{} have no file an engine can load"}
+
+
+def _weights(side: dict, role: str, fmt: str) -> tuple[str, tuple[str, str] | None]:
+    """(what to hand the engine for this model in format ``fmt``, (what to do first, to what) where
+    specmac holds no such file). The embedded pair ships in both formats; a conversion specmac made
+    is found in its cache."""
     backend, model, opts = side["backend"], side.get("model"), side.get("options") or {}
     if model is None:
         if backend not in ("gguf", "torch", "mlx"):
-            return f"<the {backend} backend's default {role}>", f"the {backend} backend's model has no file"
+            return f"<the {backend} backend's default {role}>", ("none", f"the {backend} backend's models")
         if fmt == "gguf":  # a torch or mlx side is nearest the unquantised F16
             quant = opts.get("quant") or ("q8_0" if backend == "gguf" else "f16")
             return str(assets.gguf_file(role, quant)), None
@@ -74,21 +87,23 @@ def _weights(side: dict, role: str, fmt: str) -> tuple[str, str | None]:
         if not quant:
             return model, None
         hit = _converted(path, [f"gguf-{quant}"], "model.gguf")
-        return (str(hit), None) if hit else (model, f"requantise {path.name} to {quant.upper()} first")
+        return (str(hit), None) if hit else (model, ("quant", f"{path.name} to {quant.upper()}"))
     if fmt == "hf" and not is_gguf:
         return model, None
     if fmt == "hf":
         dtypes = [opts.get("dtype") or "float32", "float32", "bfloat16", "float16"]
         hit = _converted(path, [f"hf-{d}" for d in dict.fromkeys(dtypes)], "")
-        if hit:
-            return str(hit), None
-        return (f"<{path.name} as a Hugging Face folder>",
-                f"convert {path.name} to a Hugging Face folder first")
+        return (str(hit), None) if hit else (f"<{path.name} as a Hugging Face folder>", ("hf", path.name))
     hit = _converted(path, ["gguf-f16"], "model.gguf")
-    if hit:
-        return str(hit), None
-    return (f"<{path.name} as GGUF>",
-            f"convert {path.name} to GGUF first (llama.cpp's convert_hf_to_gguf.py)")
+    return (str(hit), None) if hit else (f"<{path.name} as GGUF>", ("gguf", path.name))
+
+
+def _todo_notes(todos: list[tuple[str, str] | None]) -> list[str]:
+    """One note per kind of file to make first, naming every model it applies to."""
+    by_kind: dict[str, list[str]] = {}
+    for t in filter(None, todos):
+        by_kind.setdefault(t[0], []).append(t[1])
+    return [_TODO[kind].format(" and ".join(dict.fromkeys(names))) for kind, names in by_kind.items()]
 
 
 def _dtype(target: dict) -> str | None:
@@ -113,9 +128,9 @@ def _precision_note(target: dict, engine: str, folder: str) -> str | None:
                                                 "target: its output is the GGUF weights' distribution")
     if backend == "gguf":
         dtype = _dtype(target)
-        if dtype is None:  # a quantised GGUF: llama.cpp's quantisation is not in any folder
+        if dtype is None:  # a quantised GGUF: llama.cpp's quantised kernels are in no folder
             return (f"{_NAME[engine]} runs {_FORMAT_NAME['hf']}, not the GGUF {precision} target: nearest "
-                    "is the unquantised weights, another output distribution")
+                    "is its weights dequantised into a folder, another output distribution")
         how = f"at --dtype {dtype}" if engine != "mlx-lm" else "in the folder's stored precision"
         return f"{_NAME[engine]} runs {_FORMAT_NAME['hf']}, not GGUF files: nearest is the same weights {how}"
     if engine == "mlx-lm" and precision not in (_stored_dtype(folder), "native", ""):
@@ -186,16 +201,18 @@ def export_config(config: dict, engine: str, *, ranked: list[dict] | None = None
             kind = draft.get("kind", "model")
     fmt = _FORMAT[engine]
     target_path, todo = _weights(config["target"], "target", fmt)
-    notes += [n for n in (todo, _precision_note(config["target"], engine, target_path)) if n]
+    todos = [todo]
+    if note := _precision_note(config["target"], engine, target_path):
+        notes.append(note)
     model = free_drafter = None
     if k and kind in ("model", "hybrid"):
         side = {**draft, "backend": draft["backend"].split("+")[-1]}
         model, todo = _weights(side, "draft", fmt)
-        if todo:
-            notes.append(todo)
+        todos.append(todo)
         if side["backend"] != config["target"]["backend"]:
             notes.append(f"the draft ran on {side['backend']} and the target on "
                          f"{config['target']['backend']}: {_NAME[engine]} runs both as {_FORMAT_NAME[fmt]}")
+    notes += _todo_notes(todos)
     if k and (kind == "lookup" or mix):
         free_drafter = draft["backend"].split("+")[0]
     build = {"llama-server": _llama_server, "vllm": _vllm, "sglang": _sglang, "mlx-lm": _mlx_lm}[engine]

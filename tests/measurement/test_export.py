@@ -20,6 +20,7 @@ from specmac import assets
 from specmac.advise.engines import ENGINES, problems
 from specmac.advise.export import export_choice, export_config, export_lines
 from specmac.advise.profile import build_profile
+from specmac.backends.conversion import cache
 from specmac.cli import main
 from tests.support.helpers import skip_unless_installed
 
@@ -161,9 +162,16 @@ def test_a_file_the_engine_cannot_read_is_named_with_what_to_do(tmp_path, monkey
     c["target"] = {**c["target"], "model": str(gguf), "options": {}, "precision": "Q4_K_M"}
     exp = export_config(c, "vllm")
     assert exp["command"][2] == "<target-q4_k_m.gguf as a Hugging Face folder>"
-    assert "convert target-q4_k_m.gguf" in exp["cannot"] and "another output distribution" in exp["cannot"]
+    assert "folder of target-q4_k_m.gguf first" in exp["cannot"]
+    assert "another output distribution" in exp["cannot"]
     assert "--dtype" not in exp["command"]
     assert export_config(c, "llama-server")["command"] == ["llama-server", "-m", str(gguf)]
+    entry = tmp_path / "cache" / "converted" / "target-q4_k_m-hf-float32"  # a conversion specmac made
+    entry.mkdir(parents=True)
+    (entry / cache.SIDECAR).write_text(json.dumps({"variant": "hf-float32", "source": str(gguf),
+                                                   "source_signature": cache.signature(gguf)}))
+    exp = export_config(c, "sglang")
+    assert flag(exp["command"], "--model-path") == str(entry) and "first" not in exp["cannot"]
 
 
 def test_an_unknown_engine_is_refused():
