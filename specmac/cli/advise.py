@@ -84,6 +84,9 @@ One pairing:
 @click.option("--save", type=click.Path(dir_okay=False), metavar="FILE",
               help="Ranking: write a profile (the ranked configurations of each precision group, ready "
                    "to load) for `specmac serve --profile FILE`.")
+@click.option("--export", metavar="ENGINE",
+              help="Ranking: also print the launch command of the first choice in llama-server, vllm, sglang "
+                   "or mlx-lm, and what that engine cannot express (docs/advise.md).")
 def advise(target_models, draft_models, backends_text, k_max, prompts, prompts_path, turns, chat, by_category,
            run_tokens, context, repeats, as_json, plot, out, save, **kw):
     from specmac.cli.advise_workload import advise_prompts
@@ -92,7 +95,12 @@ def advise(target_models, draft_models, backends_text, k_max, prompts, prompts_p
 
     code_measured()  # the commit as the run starts: what the record's provenance names
     ranking = kw["draft"] is None or kw["draft"] == "none"
-    _check_mode(ranking, {"--k-max": k_max, "--save": save, "--by-category": by_category or None},
+    if kw["export"]:
+        from specmac.advise.export import check_engine
+
+        check_engine(kw["export"])
+    _check_mode(ranking, {"--k-max": k_max, "--save": save, "--by-category": by_category or None,
+                          "--export": kw["export"]},
                 {"--plot": plot, "--context": context, "--repeats": repeats})
     k_max, context, repeats = k_max or 8, context or 128, repeats or 3
     if run_tokens < 2 or repeats < 1 or context < 1 or k_max < 1:
@@ -176,7 +184,11 @@ def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, par
         from specmac.advise.profile import save_profile
 
         save_profile(save, record)
-    report_record(record, out, None, as_json, lambda r: _print_ranking(r, by_category))
+    if kw["export"]:
+        from specmac.advise.export import export_choice
+
+        record["export"] = export_choice(record, kw["export"])
+    report_record(record, out, None, as_json, lambda r: (_print_ranking(r, by_category), _print_export(r)))
     if save and not as_json:
         click.echo(f"\nprofile written to {save}: specmac serve --profile {save} [--precision GROUP]",
                    err=True)
@@ -200,6 +212,13 @@ def _print_first_choice(first: dict) -> None:
     for key in ("run", "serve", "profile"):
         if key in first:
             click.echo(f"  {first[key]}")
+
+
+def _print_export(r: dict) -> None:
+    from specmac.advise.export import export_lines
+
+    for line in ["", *export_lines(r["export"])] if "export" in r else []:
+        click.echo(line)
 
 
 def _print_ranking(r: dict, by_category: bool = False) -> None:
