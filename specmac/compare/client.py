@@ -43,7 +43,7 @@ class Reply:
 
     text: str
     n_tokens: int
-    tokens_from: str  # "usage", "timings", "logprobs" or "chunks" (a server that reports no count)
+    tokens_from: str  # "usage", "timings", "logprobs" or "chunks" (chunks of text: no count reported)
     ttft: float  # to the first piece of text
     seconds: float  # to the last byte
     finish_reason: str | None = None
@@ -259,10 +259,9 @@ def _streamed(lines, t0: float, where: str, param: str) -> Reply:
         for choice in obj.get("choices") or []:
             delta = choice.get("delta") or {}
             piece = choice.get("text") or delta.get("content") or delta.get("reasoning_content") or ""
-            if piece:
+            if piece:  # a chunk of text: a token on servers that stream one at a time
                 first = first or time.perf_counter()
                 text.append(piece)
-            if choice.get("finish_reason") is None:
                 chunks += 1
             finish = choice.get("finish_reason") or finish
     end = time.perf_counter()

@@ -257,6 +257,9 @@ def test_streamed_events_give_time_to_first_token_and_counts():
     r = client._streamed(iter(events), 0.0, "endpoint x", "endpoint")
     assert (r.text, r.n_tokens, r.tokens_from, r.finish_reason) == ("Hi there", 2, "timings", "stop")
     assert r.counters["drafted"] == 4 and 0 < r.ttft <= r.seconds
+    bare = [e.replace(', "timings": {"draft_n": 4, "draft_n_accepted": 3, "predicted_n": 2}', "")
+            for e in events]  # no count reported: the chunks of text, not the role's or the last
+    assert client._streamed(iter(bare), 0.0, "x", "endpoint").n_tokens == 2
 
 
 def test_near_tie_reads_each_servers_row():
