@@ -1,7 +1,8 @@
 """compare's endpoints: OpenAI-compatible servers measured on a compare run's prompts, pooled into
 the same per-category table as its local configurations.
 
-Each endpoint is warmed up once (a request of ``warmup_tokens``, not recorded), then measured in
+Each endpoint is warmed up once (a request of ``warmup_tokens`` for a prompt of its own, not
+recorded, so no measured prompt finds a cache the warm-up left), then measured in
 rounds (repeat x prompt), every round asking each endpoint once, in an order that moves on by one
 every round (``rotated``, as the local configurations'); when local configurations are measured
 too, the endpoints' rounds follow theirs. Every request is streamed (chat with ``--chat``, else
@@ -31,6 +32,8 @@ from specmac.compare.settings import FORMAT, Settings
 from specmac.errors import SpecmacError
 
 KIND = "endpoint"  # the "draft" of an endpoint's rows: its speculation is the server's own
+# the warm-up's prompt: none of the measured ones, so no server starts them from a cache it kept
+WARMUP = {"id": "warm-up", "text": "Hello", "messages": [{"role": "user", "content": "Hello"}]}
 
 
 def config_id(label: str) -> str:
@@ -64,9 +67,8 @@ def measure(endpoints: list[client.Endpoint], settings: Settings,
             on_round: Callable[[list[dict]], None] | None = None) -> tuple[list[dict], bool]:
     """Warm every endpoint up, then the rounds; -> (runs, interrupted: Ctrl-C keeps whole rounds)."""
     tick = progress or (lambda _desc: None)
-    first = settings.prompts[0]
     for ep in endpoints:
-        warm = ask(ep, settings, first, min(settings.warmup_tokens, settings.max_tokens), settings.seed)
+        warm = ask(ep, settings, WARMUP, min(settings.warmup_tokens, settings.max_tokens), settings.seed)
         ep.counters_in_reply = warm.counters is not None
         tick(f"warm-up {config_id(ep.label)}")
     runs: list[dict] = []

@@ -79,7 +79,8 @@ def method(record: dict) -> list[str]:
     return ["How the endpoints were measured:", "",
             f"- {len(eps)} endpoint{'s' * (len(eps) != 1)}, {order}: each (prompt, repeat) asks every "
             "endpoint once, one request at a time, in an order that moves on by one each round; one warm-up "
-            f"request of {st['warmup_tokens']} tokens per endpoint is discarded.",
+            f"request of {st['warmup_tokens']} tokens per endpoint (\"Hello\") is discarded. A server that "
+            "keeps prompt caches answers a repeated prompt sooner (repeats after the first).",
             f"- Each request streamed through {route}, the same sampling settings and seeds as the local "
             f"runs, max_tokens {st['max_tokens']}; "
             "the server applies its own defaults to what specmac does not send (top_k, min_p unless set).",
