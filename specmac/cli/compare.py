@@ -162,12 +162,18 @@ def _default_out() -> str:
 @click.option("--exclusive", is_flag=True,
               help="Wait until no other specmac benchmark runs on this machine, and hold it (a lock "
                    "in the temporary folder): two that share the CPUs measure each other.")
+@click.option("--endpoint", "endpoints", multiple=True, metavar="[LABEL=]URL",
+              help="An OpenAI-compatible server (its /v1 URL; URL#MODEL picks a model) measured on the same "
+                   "prompts, repeatable; alone, or beside local --pair configurations. API keys from "
+                   "SPECMAC_ENDPOINT_KEY_<LABEL> or SPECMAC_ENDPOINT_KEY (docs/serve.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results record as JSON.")
 def compare(config_path, as_json, **kw):
+    from specmac.cli import compare_endpoints
     from specmac.compare import measure as cmp
     from specmac.compare import prompts, report, suite
     from specmac.compare.results import check_output
 
+    endpoints = compare_endpoints.parse(kw["endpoints"])
     config, backend_tables = suite.split(cmp.read_config(config_path)) if config_path else ({}, None)
     _from_config(click.get_current_context(), kw, suite.flag_values(config))
     pairs = kw["pairs"]
@@ -179,7 +185,7 @@ def compare(config_path, as_json, **kw):
     chosen = prompts.select(prompts.read_prompts(kw["prompts_path"], None, kw["turns"]), categories,
                             kw["per_category"], tokens_for)
     settings = cmp.Settings(
-        pairs=cmp.parse_pairs(pairs), ks=cmp.parse_ks(kw["k_text"]),
+        pairs=cmp.parse_pairs(pairs) if pairs or not endpoints else [], ks=cmp.parse_ks(kw["k_text"]),
         skip_unpairable=not pairs or "all" in pairs,
         prompts=prompts.first(chosen, kw["n_prompts"]), params=sampling_params(kw),
         chat=kw["chat"], max_tokens=kw["max_tokens"], repeats=kw["repeats"], seed=kw["seed"],
@@ -192,11 +198,12 @@ def compare(config_path, as_json, **kw):
             target_opts=_backend_opts(kw["target_opt"], "--target-opt")))
     out = Path(suite.out_folder(kw["out_dir"]) if kw["out_dir"] else _default_out())
     check_output(out, "out", folder=True)  # before anything is loaded or measured
+    compare_endpoints.connect(endpoints)  # every server reached before the folder is made
     command = shlex.join(["specmac", *sys.argv[1:]])
     with output_lock(out, folder=True, command=command):  # one run per folder (a second is refused)
         check_not_complete(out)
         with machine_lock(_waiting, command=command) if kw["exclusive"] else contextlib.nullcontext():
-            code = _compare_into(out, cmp, report, settings, command, as_json)
+            code = _compare_into(out, cmp, report, settings, command, as_json, endpoints)
     if code:
         sys.exit(code)
 
@@ -252,16 +259,23 @@ def check_not_complete(out: Path) -> None:
                         "give another --out, or delete its results.json to measure again")
 
 
-def _compare_into(out: Path, cmp, report, settings, command: str, as_json: bool) -> int:
+def _compare_into(out: Path, cmp, report, settings, command: str, as_json: bool, endpoints=()) -> int:
     """Measure, write results.json (the rounds so far as they complete, then the whole record),
     summary.md and the plots into ``out``, and print the headline; -> the exit status."""
+    from specmac.cli import compare_endpoints
     from specmac.compare.results import write_json
 
-    n_spec = len(settings.pairs) * len(settings.ks)
-    click.echo(f"{len(settings.pairs)} pairings x {len(settings.ks)} K + {len(settings.configs()) - n_spec} "
-               f"baselines, {len(settings.prompts)} prompts x {settings.repeats} repeats", err=True)
-    # results.json holds the rounds measured so far ("complete": false) until the run ends
-    record = _run_with_progress(cmp, settings, command, lambda rec: write_json(out / "results.json", rec))
+    save = lambda rec: write_json(out / "results.json", rec)  # noqa: E731
+    record = None
+    if settings.pairs:
+        n_spec = len(settings.pairs) * len(settings.ks)
+        click.echo(f"{len(settings.pairs)} pairings x {len(settings.ks)} K + "
+                   f"{len(settings.configs()) - n_spec} baselines, {len(settings.prompts)} prompts x "
+                   f"{settings.repeats} repeats", err=True)
+        # results.json holds the rounds measured so far ("complete": false) until the run ends
+        record = _run_with_progress(cmp, settings, command, save)
+    if endpoints and not (record and record["interrupted"]):
+        record = compare_endpoints.measure(record, settings, endpoints, command, save, PlainProgress)
     write_json(out / "results.json", record)
     written = report.render(record, out)
     if skipped := report.skipped_line(record):  # the header counted them in: say they were not measured

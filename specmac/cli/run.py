@@ -126,8 +126,14 @@ def _say(message: str) -> None:
               help="With --exact: the batched-vs-serial difference on two flipped tokens accepted as "
                    "round-off [default: 0.1; llama.cpp's quantized kernels may need more, see "
                    "`specmac probe-parallelism`].")
+@click.option("--endpoint", metavar="[LABEL=]URL",
+              help="Check a server instead of a local pair: an OpenAI-compatible /v1 URL, compared with "
+                   "--against on the same prompts (--sequences per context, --tolerance in logprobs; "
+                   "docs/serve.md). Exit status 1 on FAIL.")
+@click.option("--against", metavar="[LABEL=]URL",
+              help="With --endpoint: the server it is compared with (the same model without speculation).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def verify(k_text, tokens, length, exact, sequences, tolerance, as_json, **kw):
+def verify(k_text, tokens, length, exact, sequences, tolerance, endpoint, against, as_json, **kw):
     """Is the output still the target's? Chi-square tests per position, and greedy agreement.
 
     Each method (speculative, plain) generates independent continuations of --length
@@ -145,6 +151,11 @@ def verify(k_text, tokens, length, exact, sequences, tolerance, as_json, **kw):
     from specmac.cli import runner
     from specmac.lossless.harness import DEFAULT_CONTEXTS, DEFAULT_TOKENS, default_length
 
+    if endpoint or against:
+        from specmac.cli.verify_endpoint import verify_endpoints
+
+        return verify_endpoints(endpoint, against, length=length, sequences=sequences, tolerance=tolerance,
+                                as_json=as_json, kw=kw)
     if kw["draft"] == "none":
         raise UserError("verify needs a draft: add --draft BACKEND (or --draft ngram)")
     k = parse_k(k_text)

@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+from specmac.compare import endpoint_report
 from specmac.compare.categories import category_markdown
 from specmac.compare.measure import ADVISE_PROMPTS, AUTO, FORMAT, PLAIN
 from specmac.compare.results import CPU_FEATURES
@@ -126,7 +127,7 @@ def headline(record: dict) -> str:
     """The one-sentence answer: which pairing and K to run, or that none pays here."""
     rows = best_rows(record)
     if not rows:
-        return "Nothing was measured."
+        return endpoint_report.headline(record) or "Nothing was measured."
     top = rows[0]
     pred = fmt(top.get("predicted_speedup"), ".2f", "\u00d7")
     tail = (f"{fmt(med(top['speedup']), '.2f', '×')} the speed of plain {top['target']} "
@@ -158,6 +159,9 @@ def summary_markdown(record: dict) -> str:
         lines += ["> Incomplete: the run stopped (killed or failed) after the rounds included here.", ""]
     if skipped := skipped_line(record):
         lines += [f"> {skipped}", ""]
+    if not record["results"]:  # endpoints alone
+        return "\n".join(lines + category_markdown(record.get("categories") or [])
+                         + endpoint_report.markdown(record) + _method(record, st, prov, machine))
     lines += ["## Best K per pairing", "",
               "| pairing | best K | tokens/s | speedup | acceptance | predicted best K | predicted speedup |",
               "|---|---:|---:|---:|---:|---:|---:|"]
@@ -166,7 +170,7 @@ def summary_markdown(record: dict) -> str:
         lines.append(f"| {label(r)} | {r['k']} | {fmt(med(r['tokens_per_second']), '.1f')} | "
                      f"{fmt(med(r['speedup']), '.2f', '×')} | {fmt(r['acceptance_rate'], '.3f')} | "
                      f"{adv.get('best_k', '–')} | {fmt(adv.get('predicted_speedup'), '.2f', '×')} |")
-    lines += [""] + category_markdown(record.get("categories") or [])
+    lines += [""] + category_markdown(record.get("categories") or []) + endpoint_report.markdown(record)
     lines += ["## Every configuration", ""]
     for target in dict.fromkeys(r["target"] for r in record["results"]):
         lines += _target_table(record, target)
@@ -228,22 +232,24 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
            + f", temperature {s['temperature']}"
            + (f", top-k {s['top_k']}" if s["top_k"] else "")
            + (f", top-p {s['top_p']}" if s["top_p"] < 1 else "")
-           + (f", min-p {s['min_p']}" if s["min_p"] else "") + f", seed {st['seed']}.",
-           "- Rounds are interleaved: each (prompt, repeat) runs every configuration once, in the order "
-           "of the tables; one warm-up round of "
-           f"{st['warmup_tokens']} tokens per configuration is discarded. Each target backend is loaded "
-           "once and reset before every run, so no cache carries over.",
-           "- tokens/s counts the decoding steps (draft, verify, bookkeeping; the draft's prefill of the "
-           "prompt included, the target's excluded). Speedup is the median over runs of tokens/s divided "
-           "by the plain run of the same target, prompt and round; IQR = 25th–75th percentile.",
-           "- Acceptance and tokens per target pass are pooled over all runs; per-position acceptance is "
-           "conditional (of the steps that reached draft position i, the fraction accepted). Greedy "
-           "match: share of runs whose output equals the plain output (temperature 0 only); a "
-           "mismatch names the prompt and the token where they part, and is a near-tie flip when the "
-           "target's top-2 logit gap there is below its batched-vs-serial logit difference at that "
-           "point, else NOT near-tie: a bug.",
-           "- Predicted: `specmac.advise.pairing.advise_pair` for each pairing, run before the measurement "
-           f"(acceptance from the first {ADVISE_PROMPTS} prompts)."]
+           + (f", min-p {s['min_p']}" if s["min_p"] else "") + f", seed {st['seed']}."]
+    if not record["results"]:  # endpoints alone: their own section says how they were measured
+        return out + [""]
+    out += ["- Rounds are interleaved: each (prompt, repeat) runs every configuration once, in the order "
+            "of the tables; one warm-up round of "
+            f"{st['warmup_tokens']} tokens per configuration is discarded. Each target backend is loaded "
+            "once and reset before every run, so no cache carries over.",
+            "- tokens/s counts the decoding steps (draft, verify, bookkeeping; the draft's prefill of the "
+            "prompt included, the target's excluded). Speedup is the median over runs of tokens/s divided "
+            "by the plain run of the same target, prompt and round; IQR = 25th–75th percentile.",
+            "- Acceptance and tokens per target pass are pooled over all runs; per-position acceptance is "
+            "conditional (of the steps that reached draft position i, the fraction accepted). Greedy "
+            "match: share of runs whose output equals the plain output (temperature 0 only); a "
+            "mismatch names the prompt and the token where they part, and is a near-tie flip when the "
+            "target's top-2 logit gap there is below its batched-vs-serial logit difference at that "
+            "point, else NOT near-tie: a bug.",
+            "- Predicted: `specmac.advise.pairing.advise_pair` for each pairing, run before the measurement "
+            f"(acceptance from the first {ADVISE_PROMPTS} prompts)."]
     out += [f"- No prediction for {p}: {e}" for p, e in errors.items()]
     out += [f"- Not measured: {sk.get('pair')}: {sk.get('reason')}"
             for sk in record.get("skipped_pairs") or [] if isinstance(sk, dict)]
@@ -283,6 +289,8 @@ def _legend_below(ax) -> None:
 
 def figures(record: dict) -> dict:
     """The plots as matplotlib Figures (name -> Figure), built from the record's numbers only."""
+    if not record["results"]:
+        return {}
     return {"speedup_vs_k.png": fig_speedup(record), "acceptance_vs_k.png": fig_acceptance(record),
             "measured_vs_predicted.png": fig_predicted(record)}
 
