@@ -4,6 +4,8 @@
     PYTHONPATH=OTHER_CHECKOUT python bench/replay.py --out DIR   # the same replay of another checkout
     python bench/replay.py record --models-dir M --target-model M/TARGET [--target-backend torch \
         --target-opt dtype=bfloat16] --texts results/replay/texts_NAME.json    # record a target's texts
+    specmac probe-parallelism --backend gguf --model M/TARGET --n-max 33 --repeats 3 \
+        --out results/replay/curves/NAME-n33.json                         # record a target's T(n)
 
 A greedy run's text does not depend on the draft, so what the drafters would propose, and how much
 the target would accept, can be replayed over the plain output. The recorded texts
@@ -11,12 +13,13 @@ the target would accept, can be replayed over the plain output. The recorded tex
 0.5B draft's teacher-forced greedy guess of every output token) are served by two numpy backends:
 the target returns the recorded next token, the draft its recorded guess. A simulated clock
 advances by the costs measured on a real machine: the target's pass over n tokens from
-results/probes_wide, the draft's pass as a share of the target's one-token pass, its prefill at
-``--prefill-ms`` a token. Everything else is specmac's own code, unchanged: the loop, the sources
-and the planner (``k="auto"``, started from those same costs), so the replay predicts what a change
-to the planner does on every category and target in seconds. It is a prediction, not a
-measurement: it leaves out the machine's noise, the loop's own work and the draft's contention with
-the target. Run on another checkout (``PYTHONPATH``) it replays that one's planner the same way.
+results/replay/curves (``specmac probe-parallelism`` records, n = 1..33), the draft's pass as a
+share of the target's one-token pass, its prefill at ``--prefill-ms`` a token. Everything else is
+specmac's own code, unchanged: the loop, the sources and the planner (``k="auto"``, started from
+those same costs), so the replay predicts what a change to the planner does on every category and
+target in seconds. It is a prediction, not a measurement: it leaves out the machine's noise, the
+loop's own work and the draft's contention with the target. Run on another checkout
+(``PYTHONPATH``) it replays that one's planner the same way.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from specmac.core.sampling import SamplingParams  # noqa: E402
 from specmac.vocab import Vocab  # noqa: E402
 
 OUT = Path("results/replay")
-CURVES = Path("results/probes_wide")
+CURVES = OUT / "curves"
 # target -> (T(n) record, the draft's pass as a share of the target's one-token pass, texts)
 TARGETS = {"q4-epyc": ("gguf Q4_K_M, AMD EPYC", "qwen1.5b-gguf-q4_k_m-n33.json", 0.76, "texts.json"),
            "f16-epyc": ("gguf F16, AMD EPYC", "qwen1.5b-gguf-f16-n33.json", 0.27, "texts_f16.json"),

@@ -48,8 +48,8 @@ def curve(beta):
 
 
 def stepped():
-    """A target whose first extra row costs 0.55 of a pass and each further one 0.07 (the F16 GGUF
-    curve as a run's estimator read it, results/workloads_f16_auto)."""
+    """A target whose first extra row costs 0.55 of a pass and each further one 0.07 (the shape of an
+    F16 GGUF target's curve as a run's estimator reads it: one step, then nearly flat)."""
     return Costs([1.0, *(1.55 + 0.07 * np.arange(32))])
 
 
