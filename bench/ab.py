@@ -1,6 +1,6 @@
 """Two checkouts of specmac on the same workload, interleaved: what a change does, per category.
 
-    python bench/ab.py --before ../before --models-dir /work/models --out results/ab/q4_k_m
+    python bench/ab.py --before ../before [--models-dir DIR] --out results/planner/MACHINE/q4_k_m
     python bench/ab.py --before ../before --models-dir M --target-backend torch \
         --target-model M/qwen2.5-coder-1.5b-instruct-hf-bf16 --target-opt dtype=bfloat16 --out DIR
 
@@ -14,13 +14,13 @@ costs once per checkout, in a cache of the run's own (the two keep theirs differ
 results.json (every run, with the provenance of both checkouts), README.md (per category: each
 configuration's speedup over plain decoding of its own checkout, paired per prompt and round, the
 median over rounds; tokens/s beside it; the hybrid against its two sources; greedy identity with
-plain) and a PNG. Takes a lock of its own: two benchmarks never share the two CPUs.
+plain) and a PNG. Takes the machine's benchmark lock (bench/lib/machine.py): two benchmarks never
+share the CPUs.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shlex
@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-LOCK = Path(tempfile.gettempdir()) / "specmac-bench.lock"
 DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 FREE = ("ngram", "lookup")
@@ -120,12 +119,16 @@ def _git(path: Path, *args: str) -> str:
 
 # --- the driver ------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
+    if (sys.argv[1:] if argv is None else argv) == ["--worker"]:
+        return worker()  # before importing bench/lib: the worker runs under its checkout's specmac
+    from lib.machine import take_machine
+    from lib.models import add_models_dir
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--before", type=Path, help="the checkout to compare against (e.g. a git worktree)")
     ap.add_argument("--after", type=Path, default=HERE.parent,
                     help="the checkout measured (default this one)")
-    ap.add_argument("--models-dir", type=Path, default=Path(os.environ.get("SPECMAC_MODELS", "models")))
+    add_models_dir(ap)
     ap.add_argument("--target-backend", default="gguf")
     ap.add_argument("--target-model", help=f"default: MODELS_DIR/{TARGET}")
     ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE")
@@ -141,8 +144,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, help="the folder for results.json, README.md and the PNG")
     a = ap.parse_args(argv)
-    if a.worker:
-        return worker()
     if a.before is None or a.out is None:
         ap.error("--before CHECKOUT and --out DIR are required")
     from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
@@ -159,14 +160,13 @@ def main(argv: list[str] | None = None) -> None:
             "draft_model": draft_model if any(c not in ("none", *FREE) for c in configs) else None,
             "configs": configs}
     command = shlex.join(["python", "bench/ab.py", *(argv if argv is not None else sys.argv[1:])])
-    with open(LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one benchmark at a time on the machine
-        with tempfile.TemporaryDirectory() as cache:
-            sides = [Checkout("before", a.before.resolve(), Path(cache) / "before", load),
-                     Checkout("after", a.after.resolve(), Path(cache) / "after", load)]
-            runs = measure(sides, configs, prompts, k, a)
-            for s in sides:
-                s.close()
+    take_machine(command)
+    with tempfile.TemporaryDirectory() as cache:
+        sides = [Checkout("before", a.before.resolve(), Path(cache) / "before", load),
+                 Checkout("after", a.after.resolve(), Path(cache) / "after", load)]
+        runs = measure(sides, configs, prompts, k, a)
+        for s in sides:
+            s.close()
     record = {"provenance": provenance(command, [target_model, draft_model]),
               "checkouts": {s.label: s.info for s in sides}, "configs": configs, "k": k,
               "prompts": {p["id"]: p["category"] for p in prompts}, "runs": runs}

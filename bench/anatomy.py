@@ -1,17 +1,21 @@
 """The anatomy of speculative decoding on this machine, with a real pair (Qwen2.5-Coder 0.5B -> 1.5B).
 
-    python bench/anatomy.py --out results/anatomy
+    python bench/anatomy.py [--models-dir DIR] --out results/anatomy
+    python bench/anatomy.py --report --out results/anatomy          # tables.md and plots, no run
+    python bench/anatomy.py --acceptance-by-prompts --out results/anatomy   # advise's acceptance by prompts
 
 Draft/target configurations across backends and precisions (gguf Q4_K_M and F16, torch fp32 and
 bf16 targets; gguf, torch, mlx and n-gram drafts), each at K = 1..8 and K = auto and at T = 0 and
-T = 1, on the prompts of bench/data/anatomy_prompts.json (code and prose; not the prompts advise
+T = 1, on the prompts of bench/lib/data/anatomy_prompts.json (code and prose; not the prompts advise
 calibrates on). Per target every configuration is measured side by side by specmac.compare.measure
 (interleaved rounds, each run paired with the target-only run of the same prompt and round), then
 the peers on that target in alternation with their own plain decoding: HF assisted generation
 (transformers ``assistant_model``) on torch targets, llama-cpp-python's prompt-lookup decoding on
 the Q4_K_M target, and llama.cpp's own speculative example on gguf targets where it was built
-(bench/llamacpp_peer.py). Beside every cell: advise's ranking (run first, on its own prompts) and its
-prediction. Writes results.json, README.md and PNG plots.
+(bench/lib/llamacpp_peer.py). Beside every cell: advise's ranking (run first, on its own prompts) and its
+prediction. Writes results.json; ``--report`` writes tables.md and the PNG plots from it
+(bench/lib/anatomy_report.py), ``--acceptance-by-prompts`` acceptance_by_prompts.json
+(bench/lib/acceptance_prompts.py). README.md is the reading, written by hand.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from llamacpp_peer import ENV, EXAMPLE, find_example, speculative_peer
-from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
+from lib.llamacpp_peer import ENV, EXAMPLE, find_example, speculative_peer
+from lib.machine import take_machine
+from lib.models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.advise.rank import rank_configurations
 from specmac.backends import load_backend, missing_requirements
@@ -87,7 +92,7 @@ def peers(target_name: str, target, drafts: dict, prompts: list[dict], params: S
         out += speculative_peer(example, path, models / QWEN_05B_GGUF, prompts, params, max_tokens,
                                 [k for k in (4, 8) if k in ks] or ks[-1:])
     elif target.name == "gguf":
-        print(f"  {EXAMPLE} not built: left out (see bench/llamacpp_peer.py)", file=sys.stderr)
+        print(f"  {EXAMPLE} not built: left out (see bench/lib/llamacpp_peer.py)", file=sys.stderr)
     return out
 
 
@@ -193,10 +198,11 @@ def main() -> None:
     ap.add_argument("--temps", default="0,1")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--prompts", default=str(HERE / "data" / "anatomy_prompts.json"))
+    ap.add_argument("--prompts", default=str(HERE / "lib" / "data" / "anatomy_prompts.json"))
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
-                    help=f"llama.cpp's build/bin with {EXAMPLE} (default ${ENV}; see bench/llamacpp_peer.py)")
+                    help=f"llama.cpp's build/bin with {EXAMPLE} (default ${ENV}; "
+                    "see bench/lib/llamacpp_peer.py)")
     ap.add_argument("--skip-advise", action="store_true")
     ap.add_argument("--config", action="append", default=[], metavar="DRAFT:TARGET=KS",
                     help="measure only these configurations, each at these K (and auto; KS 'auto': "
@@ -209,7 +215,20 @@ def main() -> None:
     ap.add_argument("--append", action="store_true",
                     help="add to OUT/results.json: keep its advise rankings and the measured cells of "
                     "other targets and temperatures")
+    ap.add_argument("--report", action="store_true",
+                    help="only write OUT/tables.md and the plots from OUT/results.json (no run)")
+    ap.add_argument("--acceptance-by-prompts", action="store_true",
+                    help="only write OUT/acceptance_by_prompts.json: advise's acceptance on its own prompts "
+                    "and on --prompts beside what OUT/results.json measured (timing not read: no lock)")
     args = ap.parse_args()
+    if args.report:
+        from lib.anatomy_report import main as report
+
+        return report(str(args.out))
+    if args.acceptance_by_prompts:
+        from lib.acceptance_prompts import acceptance_by_prompts
+
+        return acceptance_by_prompts(args.models_dir, args.out, args.prompts)
     from specmac.compare.measure import parse_ks
 
     args.ks = parse_ks(args.ks)
@@ -231,6 +250,7 @@ def main() -> None:
     command = " ".join([Path(sys.executable).name, *sys.argv])
     models = [args.models_dir / QWEN_05B_GGUF, args.models_dir / QWEN_15B_GGUF]
     record["provenance"] = provenance(command, models)
+    take_machine(command)
     out = args.out
     key = "advise_on_anatomy_prompts" if args.advise_on_anatomy_prompts else "advise"
     if args.advise_on_anatomy_prompts and not args.advise_only:

@@ -1,6 +1,6 @@
 """Decoding on a busy machine: plain, K = 4 and --k auto, quiet and beside 1 and 2 busy processes.
 
-    flock /tmp/specmac-bench.lock python bench/busy.py [--models-dir DIR] [--out results/busy]
+    python bench/busy.py [--models-dir DIR] [--out results/busy]
 
 Qwen2.5-Coder 1.5B Q4_K_M target, 0.5B Q4_K_M draft (gguf both), one chat prompt, 64 new tokens,
 greedy. Each condition (load x thread setting) runs in its own process, because libgomp reads its
@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir  # noqa: E402
+from lib.machine import take_machine
+from lib.models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a short docstring."
 METHODS = {"plain": None, "K=4": 4, "auto": "auto"}
@@ -165,6 +165,8 @@ def main() -> None:
         return child(args)
     from specmac.compare.results import provenance, write_json
 
+    command = "python bench/busy.py " + " ".join(sys.argv[1:])
+    take_machine(command)  # the parent holds it; its children (one per condition) are the run
     t0, rows = time.monotonic(), []
     for n_busy in (int(x) for x in args.busy.split(",")):
         for setting in args.settings.split(","):
@@ -176,7 +178,6 @@ def main() -> None:
             print(f"{n_busy} busy, {setting}: " + (", ".join(f"{k} {v:.1f}" for k, v in m.items())
                                                    or f"timed out after {args.child_timeout_s:.0f} s"),
                   file=sys.stderr, flush=True)
-    command = "flock /tmp/specmac-bench.lock python bench/busy.py " + " ".join(sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "busy.json", {"rows": rows, "prompt": PROMPT, "tokens": args.tokens,
                                         "rounds": args.rounds, "loadavg_after": os.getloadavg(),

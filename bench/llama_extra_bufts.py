@@ -2,7 +2,7 @@
 
     python bench/llama_extra_bufts.py [--models-dir DIR] [--repeats 5] [--out results/llama_extra_bufts]
 
-The Qwen2.5-Coder-1.5B-Instruct Q4_K_M file (bench/models.py), and Q8_0 and F16 made from it once
+The Qwen2.5-Coder-1.5B-Instruct Q4_K_M file (bench/lib/models.py), and Q8_0 and F16 made from it once
 with llama_model_quantize (specmac.backends.gguf.requantize: cached outside the repository, see
 `specmac models`). Per file, both settings are loaded side by side and measured in alternation
 (the order flips every repeat): after a 32-token prefill, --decode single-token passes (decode
@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from models import QWEN_15B_GGUF, add_models_dir
+from lib.machine import take_machine
+from lib.models import QWEN_15B_GGUF, add_models_dir
 
 from specmac.backends.gguf import GGUFBackend, extra_bufts_safe, requantize
 from specmac.compare.results import provenance, write_json
@@ -112,6 +113,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("results/llama_extra_bufts"))
     args = ap.parse_args()
+    take_machine()
     source = args.models_dir / QWEN_15B_GGUF
     files = {"Q4_K_M": str(source), "Q8_0": str(requantize(source, "q8_0")[0]),
              "F16": str(requantize(source, "f16")[0])}

@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
+from lib.machine import take_machine
+from lib.models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.api import Pair
 from specmac.compare.results import provenance, write_json
@@ -61,6 +62,7 @@ def main() -> int:
         pairs = {k: v for k, v in pairs.items() if k in args.pairings.split(",")}
     out = Path(args.out)
     command = shlex.join(["python", *sys.argv])
+    take_machine(command)  # not a timing, but an hour of both CPUs: it would skew another's
     results = previous(out / "results.json")
     for name, spec in pairs.items():
         pair = Pair.load(**spec)

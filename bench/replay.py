@@ -2,7 +2,7 @@
 
     python bench/replay.py                       # results/replay/README.md (every curve recorded)
     PYTHONPATH=OTHER_CHECKOUT python bench/replay.py --out DIR   # the same replay of another checkout
-    python bench/replay.py record --models-dir M --target-model M/TARGET [--target-backend torch \
+    python bench/replay.py record [--models-dir M] --target-model M/TARGET [--target-backend torch \
         --target-opt dtype=bfloat16] --texts results/replay/texts_NAME.json    # record a target's texts
     specmac probe-parallelism --backend gguf --model M/TARGET --n-max 33 --repeats 3 \
         --out results/replay/curves/NAME-n33.json                         # record a target's T(n)
@@ -222,9 +222,11 @@ def checkout(path: Path) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["record"]:
+        from lib.models import add_models_dir  # after the clock's patch above, as every specmac import
+
         ap = argparse.ArgumentParser(description=record.__doc__.split("\n")[0])
         ap.add_argument("record")
-        ap.add_argument("--models-dir", type=Path, required=True)
+        add_models_dir(ap)
         ap.add_argument("--target-model", required=True)
         ap.add_argument("--target-backend", default="gguf")
         ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE")

@@ -1,6 +1,6 @@
 """The coupled sampler's price on the real pair: acceptance and tokens/s against the rejection rule.
 
-    flock /tmp/specmac-bench.lock python bench/samplers.py [--models-dir DIR] [--out results/samplers]
+    python bench/samplers.py [--models-dir DIR] [--out results/samplers]
 
 Qwen2.5-Coder 0.5B Q4_K_M (gguf draft) in front of 1.5B Q4_K_M (gguf target). Per temperature (0.7
 and 1), both samplers, target-only and speculative at each K, all on the same prompts and seeds,
@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
+from lib.machine import take_machine
+from lib.models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.api import Pair
 from specmac.backends import load_backend
@@ -140,6 +141,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.plot_only:
         return render(json.loads((args.out / "results.json").read_text()), args.out)
+    take_machine()
     m = args.models_dir
     files = [m / QWEN_15B_GGUF, m / QWEN_05B_GGUF]
     target = load_backend("gguf", str(files[0]), {"n_threads": args.threads}, role="target")

@@ -11,12 +11,15 @@ Side by side in one run, interleaved per round (each configuration once per roun
   3. a small load test: concurrent clients, latency p50/p95 and throughput.
 Greedy (temperature 0) throughout; the texts are compared with the target-only text.
 
-    flock /tmp/specmac-bench.lock python bench/serve.py --models-dir /work/models --out results/serve
+    python bench/serve.py [--models-dir DIR] --out results/serve
+    SPECMAC_CACHE=$(mktemp -d) python bench/serve.py --parts edit --draft-model none --skip-peers \
+        --out results/prediction_k          # the edit alone, target only: K auto against K = 32
 
 Other targets of the same weights (``--target-backend``, ``--target-model``, ``--target-opt``):
 an F16 GGUF (llama_cpp.server serves the same file as the peer) or an HF folder on torch (the
 peer is transformers' own ``generate`` on the same loaded model, plain and with
-``prompt_lookup_num_tokens``). ``--parts`` runs some of the three parts only.
+``prompt_lookup_num_tokens``). ``--parts`` runs some of the three parts only, ``--skip-peers``
+leaves the peers out.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -37,10 +39,11 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(1, str(ROOT))  # this checkout's specmac, after bench/ (lib), before an installed one
 
-from peers import HFGenerate  # noqa: E402
+from lib.machine import take_machine  # noqa: E402
+from lib.models import add_models_dir  # noqa: E402
+from lib.peers import HFGenerate  # noqa: E402
 
 from specmac.api import Pair  # noqa: E402
 from specmac.compare.results import code_measured, provenance, pyplot, save_figure, write_json  # noqa: E402
@@ -326,7 +329,7 @@ def _cell(r: dict) -> str:
 def main() -> None:
     code_measured()  # the commit as the run starts: what its provenance records
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models-dir", default=os.environ.get("SPECMAC_MODELS", "/work/models"))
+    add_models_dir(ap)
     ap.add_argument("--target-backend", default="gguf", help="the target's backend (gguf or torch)")
     ap.add_argument("--target-model", help=f"the target's file or folder [default: MODELS_DIR/{TARGET}]")
     ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE",
@@ -339,6 +342,8 @@ def main() -> None:
     ap.add_argument("--edit-max-tokens", type=int, default=480)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--load-requests", type=int, default=2, help="requests per client (4 clients)")
+    ap.add_argument("--skip-peers", action="store_true",
+                    help="leave out llama_cpp.server and transformers' generate (specmac's rows only)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     target = Path(args.target_model or Path(args.models_dir) / TARGET)
@@ -346,11 +351,14 @@ def main() -> None:
     topts = dict(kv.split("=", 1) for kv in args.target_opt)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    command = "python bench/serve.py " + " ".join(sys.argv[1:])
+    take_machine(command)
     pair = Pair.load(args.target_backend, "gguf" if draft else None, target_model=str(target),
                      draft_model=str(draft) if draft else None, target_options=topts)
     plain = SpecmacServer(pair.plain(), k="auto")
     spec = SpecmacServer(pair, k=args.k) if draft else None
-    record = {"provenance": provenance(models=[target] + ([draft] if draft else [])), "settings": vars(args),
+    record = {"provenance": provenance(command, models=[target] + ([draft] if draft else [])),
+              "settings": vars(args),
               "target": {"backend": args.target_backend, "model": target.name, "options": topts,
                          "resolved": {k: v for k, v in pair.target.resolved.items() if k != "path"}}}
     if "overhead" in parts and spec:
@@ -363,7 +371,9 @@ def main() -> None:
     if spec:
         peers[f"specmac, prediction + 0.5B draft (K={args.k})"] = (spec, {})
     closers = []
-    if args.target_backend == "gguf":
+    if args.skip_peers:
+        pass
+    elif args.target_backend == "gguf":
         try:
             import llama_cpp.server  # noqa: F401
 
@@ -401,8 +411,7 @@ def main() -> None:
     write_json(out / "serve.json", record)
     if "edit" in record:
         figure(record, out / "serve.png")
-    (out / "README.md").write_text(readme(record, "flock /tmp/specmac-bench.lock python bench/serve.py "
-                                                  + " ".join(sys.argv[1:])))
+    (out / "README.md").write_text(readme(record, command))
     print(json.dumps({k: v for k, v in record.items() if k != "provenance"}, indent=1, default=str))
 
 

@@ -24,29 +24,28 @@ time (``--parallel 1``, as before batching); on a GGUF target ``llama_cpp.server
 token (the first content), total time, prompt and cached tokens where the server reports them,
 the text; the server process's resident memory after each scenario. The target's T(n) (``specmac
 probe-parallelism``) is recorded beside. Writes results.json, README.md and PNGs. Takes the
-benchmark lock of bench/ab.py.
+machine's benchmark lock (bench/lib/machine.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shlex
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
+from lib.machine import take_machine
+from lib.models import add_models_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCK = Path(tempfile.gettempdir()) / "specmac-bench.lock"
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 QUESTIONS = ["What does this module do, in one sentence?", "Which function is the entry point?",
              "Is there any error handling?", "What would you rename, and why?",
@@ -336,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["--llama-server"]:
         return llama_server(argv[1], int(argv[2]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models-dir", type=Path, default=Path(os.environ.get("SPECMAC_MODELS", "models")))
+    add_models_dir(ap)
     ap.add_argument("--target", help=f"the target's model (default MODELS_DIR/{TARGET})")
     ap.add_argument("--target-backend", default="gguf")
     ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE")
@@ -360,29 +359,28 @@ def main(argv: list[str] | None = None) -> None:
     plan = servers(a)
     a.out.mkdir(parents=True, exist_ok=True)
     runs = []
-    with open(LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        curve = probe_curve(a) if "streams" in scenarios else None
-        for r in range(a.repeats):
-            order = list(plan) if r % 2 == 0 else list(plan)[::-1]
-            for name in order:
-                res = measure(name, plan[name], scenarios)
-                for sname, v in res.items():
-                    runs.append({"server": name, "scenario": sname, "round": r, **v})
-                    if sname == "memory":
-                        last = v["samples"][-1]
-                        print(f"r{r} {name:36s} memory: {last['conversations']} conversations, RSS "
-                              f"{last['rss_mib']:.0f} MiB, store {last['store_bytes'] / 2**20:.1f} MiB",
-                              file=sys.stderr, flush=True)
-                        continue
-                    if sname == "streams":
-                        line = " ".join(f"N={x['n']}: {x['tokens_per_second']:.1f}" for x in v["streams"])
-                        print(f"r{r} {name:36s} streams tok/s {line}", file=sys.stderr, flush=True)
-                        continue
-                    total = sum(t["seconds"] for t in v["turns"])
-                    print(f"r{r} {name:36s} {sname:6s} total {total:7.1f} s  ttft "
-                          + " ".join(f"{t['ttft']:.1f}" for t in v["turns"]), file=sys.stderr, flush=True)
     command = shlex.join(["python", "bench/serving.py", *argv])
+    take_machine(command)
+    curve = probe_curve(a) if "streams" in scenarios else None
+    for r in range(a.repeats):
+        order = list(plan) if r % 2 == 0 else list(plan)[::-1]
+        for name in order:
+            res = measure(name, plan[name], scenarios)
+            for sname, v in res.items():
+                runs.append({"server": name, "scenario": sname, "round": r, **v})
+                if sname == "memory":
+                    last = v["samples"][-1]
+                    print(f"r{r} {name:36s} memory: {last['conversations']} conversations, RSS "
+                          f"{last['rss_mib']:.0f} MiB, store {last['store_bytes'] / 2**20:.1f} MiB",
+                          file=sys.stderr, flush=True)
+                    continue
+                if sname == "streams":
+                    line = " ".join(f"N={x['n']}: {x['tokens_per_second']:.1f}" for x in v["streams"])
+                    print(f"r{r} {name:36s} streams tok/s {line}", file=sys.stderr, flush=True)
+                    continue
+                total = sum(t["seconds"] for t in v["turns"])
+                print(f"r{r} {name:36s} {sname:6s} total {total:7.1f} s  ttft "
+                      + " ".join(f"{t['ttft']:.1f}" for t in v["turns"]), file=sys.stderr, flush=True)
     record = {"provenance": provenance(command, [a.target or a.models_dir / TARGET, a.models_dir / DRAFT]),
               "servers": {k: shlex.join(v) for k, v in plan.items()}, "curve": curve, "runs": runs}
     (a.out / "results.json").write_text(json.dumps(record, indent=1))

@@ -1,6 +1,6 @@
 """Which draft pays on which part of a workload: each category x (plain, model draft, n-gram, lookup, hybrid).
 
-    SPECMAC_CACHE=$(mktemp -d) flock /tmp/specmac-bench.lock python bench/workloads.py \
+    SPECMAC_CACHE=$(mktemp -d) python bench/workloads.py [--models-dir DIR] \
         --per-category 1 --max-tokens 40 --repeats 2 --out results/workloads
 
 The packaged workload (specmac/data/workload.jsonl, whole conversations) through the target's chat
@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
+from lib.machine import take_machine
+from lib.models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
 
 from specmac.compare.categories import (
     ALL,
@@ -253,9 +254,9 @@ def main() -> None:
                                 ks=parse_ks(args.k), prompts=prompts,
                         params=SamplingParams(0.0), max_tokens=args.max_tokens, repeats=args.repeats,
                         warmup_tokens=4, chat=True, backends=backends)
+    command = "SPECMAC_CACHE=$(mktemp -d) python bench/workloads.py " + shlex.join(sys.argv[1:])
+    take_machine(command)
     loaded = load_models(settings)
-    command = ("SPECMAC_CACHE=$(mktemp -d) flock /tmp/specmac-bench.lock python bench/workloads.py "
-               + shlex.join(sys.argv[1:]))
     # the commit (and "+dirty") now, as the code measured is loaded: a tree edited during the run
     # does not become what was measured
     prov = provenance(command, [target, draft])

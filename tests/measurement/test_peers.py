@@ -1,7 +1,7 @@
 """The tokens llama-cpp-python's decoder wrote, counted as specmac counts its own, so that a peer's
-tokens/s beside specmac's is of the same tokens. The benchmarks' peer (bench/peers.py,
-``LlamaGenerate``) counts them by the rule tested here; the tests import nothing from bench/, so
-the rule is written out below."""
+tokens/s beside specmac's is of the same tokens. A benchmark that times llama-cpp-python's own loop
+counts them by the rule tested here; the tests import nothing from bench/, so the rule is written
+out below."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""README tables and PNG plots of bench/anatomy.py's results.json (no re-run).
+"""tables.md and PNG plots of bench/anatomy.py's results.json (no re-run).
 
-    python bench/anatomy_report.py results/anatomy
+    python bench/anatomy.py --report --out results/anatomy
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from statistics import median
 
@@ -363,7 +362,3 @@ def main(directory: str) -> None:
     names = plots(record, out)
     (out / "tables.md").write_text("\n".join(lines) + "\n" + "\n".join(f"![{n}]({n})" for n in names) + "\n")
     print(f"wrote {out / 'tables.md'}, " + ", ".join(str(out / n) for n in names))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "results/anatomy")
