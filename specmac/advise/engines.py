@@ -44,7 +44,7 @@ ENGINES: dict[str, Engine] = {
          "--spec-draft-sampling": ("choice", {"greedy", "probabilistic"}),
          "--spec-ngram-simple-size-n": "int",  # length of the lookup n-gram (default 12)
          "--spec-ngram-simple-size-m": "int"},  # length of the draft m-gram (default 48)
-        ("ggml-org/llama.cpp tools/server/README.md @ 00dc8057ab28 (the options after PR #22964, May 2026: "
+        ("ggml-org/llama.cpp tools/server/README.md @ 00dc8057ab28 (the options after PR #22964: "
          "--spec-draft-*, a comma list for --spec-type; earlier builds spell K --draft-max)",
          "ggml-org/llama.cpp docs/speculative.md @ a71f4a0e1db4 (the n-gram types; a draftless type mixed "
          "with a draft model takes precedence where it proposes)"),
