@@ -64,10 +64,17 @@ class Reporter:
             if self.job is None or done <= 0 or done < self.job["done"]:
                 self.job = {"started": now, "said": None}
                 self._start_ticker()
-            self.job.update(what=what, done=done, total=total)
+            job = self.job
+            job.update(what=what, done=done, total=total)
             if total > 0 and done >= total:
                 self._end()
                 return
+            if total > 0 and done > 0:
+                # the pace since the first report (the time before it, a warm-up or a load, is not
+                # the pace of the rest), or since the start where there is one report
+                t0, d0 = job.setdefault("first", (now, done))
+                pace = (now - t0) / (done - d0) if done > d0 and now > t0 else (now - job["started"]) / done
+                job["end"] = now + pace * (total - done)
             self.tick(now)
 
     @contextlib.contextmanager
@@ -114,10 +121,9 @@ class Reporter:
 
     def _left(self, now: float) -> str:
         job = self.job
-        gone = now - job["started"]
-        if job["total"] > 0 and job["done"] > 0:
-            return f", about {duration(max(1.0, gone * (job['total'] - job['done']) / job['done']))} left"
-        return f" ({duration(gone)} so far)"
+        if "end" in job:
+            return f", about {duration(max(1.0, job['end'] - now))} left"
+        return f" ({duration(now - job['started'])} so far)"
 
     def _start_ticker(self) -> None:
         if self._thread and self._ticker is None:

@@ -52,6 +52,20 @@ def test_a_job_is_said_after_quiet_seconds_then_every_few_with_the_time_left():
     assert len(lines(out)) == 2
 
 
+def test_the_time_left_follows_the_pace_since_the_first_report_and_counts_down_between_reports():
+    """A slow start (the first pass pages the weights in) is not the pace of the rest."""
+    r, clock, out = reporter(quiet=4.5, every=5.0)
+    r("sweep", 0, 10)
+    clock.now += 4.0
+    r("sweep", 1, 10)  # 4 s for the first unit
+    clock.now += 1.0
+    r("sweep", 2, 10)  # then one a second: 8 left, not 2.5 s each
+    assert lines(out) == ["specmac: sweep, about 8 s left"]
+    clock.now += 5.0  # no report since: the end it foresaw comes nearer
+    r.tick()
+    assert lines(out)[1:] == ["specmac: sweep, about 3 s left"]
+
+
 def test_a_short_job_says_nothing_and_a_wait_says_how_long_it_has_taken():
     r, clock, out = reporter(quiet=1.5, every=5.0)
     r("quick", 0, 4)
