@@ -98,6 +98,8 @@ def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingP
     if t_pass is None:
         t_pass, _ = pass_costs(backend, None, k_max, repeats=3, progress=progress)
     plain = Pair(backend)
+    if progress is not None:
+        progress("timing the loop's own work", 0, 0)
     events = list(plain.stream(texts[0][: starts[0]], params=params, max_tokens=6, seed=0))[1:]
     # the loop's own work per step, timed apart from the pass: a step's time less the probe's
     # T(1) would also count the pass's drift between the two timings

@@ -5,7 +5,9 @@ One ``Reporter`` per command. Its ``say`` is a ``notify`` (a line now); the repo
 import click or rich); ``waiting(what)`` covers a wait that reports nothing (a model loading). On a
 terminal a rich bar shows the job, its share done and the time left; elsewhere (a log, a pipe) a
 line is written when a job has run ``quiet`` seconds, then every ``every`` seconds while it runs,
-also between two of its reports (a thread keeps time), so no wait is silent for long.
+also between two of its reports (a thread keeps time); a job that follows another is said
+``every`` seconds after the last line at the latest, so a wait made of several jobs is never silent
+for long.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Reporter:
         self.tty = (out or sys.stderr).isatty() if tty is None else tty
         self.lock = threading.RLock()
         self.job: dict | None = None  # what, done, total, started, said (when its last line was written)
+        self.last: float | None = None  # when the last line was written
         self.bar = self.task = None
         self._thread = thread
         self._stop = threading.Event()
@@ -55,6 +58,7 @@ class Reporter:
                 self.bar.console.print(f"{self.head}{message}", highlight=False, markup=False)
             else:
                 click.echo(f"{self.head}{message}", err=self.out is None, file=self.out)
+            self.last = self.clock()
 
     def __call__(self, what: str, done: float, total: float) -> None:
         """``done`` of ``total`` (work of like cost; 0 where how far is unknown) of the job ``what``.
@@ -111,8 +115,10 @@ class Reporter:
                     self._draw(now)
                 return
             due = job["started"] + self.quiet if job["said"] is None else job["said"] + self.every
+            if self.last is not None:
+                due = min(due, self.last + self.every)
             if now >= due:
-                job["said"] = now
+                job["said"] = self.last = now
                 click.echo(f"{self.head}{self.line(now)}", err=self.out is None, file=self.out)
 
     def line(self, now: float) -> str:

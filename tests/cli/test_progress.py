@@ -82,15 +82,25 @@ def test_a_short_job_says_nothing_and_a_wait_says_how_long_it_has_taken():
                           "specmac: loading the models (6 s so far)"]
 
 
-def test_a_new_job_has_its_own_clock_and_say_is_at_once():
+def test_a_new_job_has_its_own_clock_and_keeps_the_cadence_of_the_lines_before_it():
     r, clock, out = reporter(quiet=1.5, every=5.0)
-    r.say("measuring the target's pass at 33 widths")
+    r.say("measuring the target's pass at 33 widths")  # said at once
     r("first", 0, 10)
-    clock.now += 20
-    r("second", 0, 10)  # done 0: a new job, not 20 s into the first
     clock.now += 1
     r.tick()
     assert lines(out) == ["specmac: measuring the target's pass at 33 widths"]
+    clock.now += 3.5
+    r("first", 10, 10)  # done in 4.5 s: said nothing of itself
+    r("second", 0, 10)  # a new job, 0.5 s old at the next tick, but the last line was 5 s ago
+    clock.now += 0.5
+    r.tick()
+    assert lines(out)[1:] == ["specmac: second (0 s so far)"]
+    clock.now += 4.9
+    r.tick()
+    assert len(lines(out)) == 2
+    clock.now += 0.1
+    r.tick()
+    assert lines(out)[2:] == ["specmac: second (6 s so far)"]  # 5.5 s, said every 5 s
     assert Reporter("", out=io.StringIO(), tty=False).head == ""  # advise's lines have no prefix
 
 
