@@ -114,6 +114,8 @@ def probe_draft(v: Variant, backend: BaseBackend | None, params: SamplingParams,
         rows = lookup_rows(v.backend, texts, starts, params, n_vocab, k_max)
         t = (time.perf_counter() - t0) / max(sum(len(r) for r in rows), 1)
         return Probe(v, [t], 0.0, rows)
+    if progress is not None:
+        progress("timing the draft's pass", 0, 0)
     t_d = time_single(backend, context=min(16, backend.n_ctx - 1), repeats=5, warmup=1)["median_ms"] / 1e3
     prefills: list[float] = []
     rows = _rows(backend, texts, starts, params, n_vocab, prefills, progress)
