@@ -228,8 +228,8 @@ def kept_curve(target: BaseBackend, width: int, remeasure: bool = False, notify:
             (other, threads) = sibling
             widths = anchor_widths(width)
             guess = 2 * sum(other[n - 1] for n in widths) + 3 * other[0]
-            _say(notify, f"deriving the target's curve at this thread count from the one kept at {threads}: "
-                 f"{len(widths)} widths timed now, about {guess:.1f} s")
+            _say(notify, f"deriving the target's curve at this thread count from the one kept at {threads} "
+                 f"thread{'s' * (threads != 1)}: {len(widths)} widths timed now, about {guess:.1f} s")
             fresh = sweep_costs(target, widths, repeats=2, progress=progress,
                                 what="deriving the target's curve")
             curve = derive_curve(other[:width + 1], fresh)
