@@ -157,8 +157,16 @@ def file_type(path: Path) -> int | None:
 
 
 def _readable_file_type(path: Path) -> int | None:
+    """general.file_type of a file about to be requantised, read by gguf-py's full reader where it is
+    installed: it also checks the tensor table against the file, so a truncated file is refused
+    here in one line (the header alone, ``file_type``, would pass it)."""
     try:
-        return file_type(path)
+        try:
+            import gguf
+        except ImportError:
+            return file_type(path)
+        field = gguf.GGUFReader(str(path)).get_field("general.file_type")
+        return int(field.contents()) if field is not None else None
     except Exception as e:  # gguf-py fails on junk and truncated files with whatever error it meets
         why = (str(e).splitlines() or [type(e).__name__])[0]
         raise ModelNotFound(f"{path} is not a readable GGUF file ({why}): check that the file is a "
