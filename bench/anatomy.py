@@ -282,7 +282,7 @@ def main() -> None:
                 params=SamplingParams(temp), backends=["gguf", "torch"],
                 prompts=[p["text"] for p in prompts] if args.advise_on_anatomy_prompts else advise_prompts(),
                 draft_backends=["gguf", "torch", "mlx"], k_max=8, run_tokens=32,
-                progress=lambda m: print(f"  {m}", file=sys.stderr)))
+                notify=lambda m: print(f"  {m}", file=sys.stderr)))
             write_json(out / "results.json", record)
     for name in [] if args.advise_only else targets:
         for temp in (float(t) for t in args.temps.split(",")):

@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from specmac.core.sampling import SamplingParams
 from specmac.core.sources import check_draft_args, load_sources
 from specmac.errors import BadOption
 from specmac.store import Entry, SequenceStore
+
+if TYPE_CHECKING:
+    from specmac.tuning.timing import Progress
 
 MAX_TOKENS = 128  # tokens a run writes unless told otherwise
 FIT_EVERY_S = 1.0  # a run refits the backends' CPU threads to the load unless the last fit is this recent
@@ -184,14 +187,15 @@ class Pair:
         return self.target.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
     def planner(self, k: int | str = K_DEFAULT, sources: Sequence[Drafter] | None = None, *,
-                remeasure: bool = False, notify: Callable[[str], None] | None = None) -> Planner:
+                remeasure: bool = False, notify: Callable[[str], None] | None = None,
+                progress: Progress | None = None) -> Planner:
         """The planner ``k`` asks for, over ``sources`` (default: the pair's). An integer fixes the
         width; where there are several sources to weigh (a lookup and a model) the draft models'
         passes are timed first (a few passes; the prefill rate is kept). "auto" chooses widths from
         the target's pass at every width it may choose, measured once per machine and model and
         kept (``specmac.tuning.calibration``; ``remeasure`` measures again; ``notify`` hears of a
-        long measurement before it starts), out to ``K_MAX`` drafts where a free source may bet
-        that wide, ``K_MODEL`` for a model alone."""
+        long measurement before it starts, ``progress`` how far it is), out to ``K_MAX`` drafts
+        where a free source may bet that wide, ``K_MODEL`` for a model alone."""
         sources = self.sources if sources is None else list(sources)
         k = check_k(k)
         drafts = {s.name: s.backend for s in sources if s.backend is not None}
@@ -206,7 +210,7 @@ class Pair:
         when, costs, kept = self._auto.get(key, (-REUSE_COSTS_S, None, None))
         if remeasure or time.monotonic() - when >= REUSE_COSTS_S:  # else this pair's, refined by its runs
             costs, kept = measure_costs(self.target if k == "auto" else None, drafts, width,
-                                        remeasure=remeasure, notify=notify)
+                                        remeasure=remeasure, notify=notify, progress=progress)
             self._auto[key] = (time.monotonic(), costs, kept)
         planner = Planner(sources, costs, k=None if k == "auto" else int(k))
         planner.kept = kept

@@ -20,7 +20,7 @@ from specmac.core.drafters import lookup
 from specmac.core.lookup import LookupDrafter
 from specmac.core.sampling import SamplingParams, warp
 from specmac.tuning.calibration import pass_costs
-from specmac.tuning.timing import time_single
+from specmac.tuning.timing import Progress, time_single
 from specmac.vocab import align_logits
 
 
@@ -57,12 +57,18 @@ class Probe:
 
 
 def _rows(backend: BaseBackend, texts: list[list[int]], starts: list[int], params: SamplingParams,
-          n_vocab: int, prefills: list[float] | None = None) -> list[np.ndarray]:
+          n_vocab: int, prefills: list[float] | None = None,
+          progress: Progress | None = None) -> list[np.ndarray]:
     """Teacher forcing: per text, the distribution (sampled: warped probabilities, float32) or the
     argmax (greedy) at every position that predicts a reference token. The prompt is prefilled
-    first, as a draft in the loop does it, and its seconds appended to ``prefills``."""
+    first, as a draft in the loop does it, and its seconds appended to ``prefills``. ``progress``
+    hears of every text (in tokens)."""
     out = []
-    for ids, start in zip(texts, starts):
+    total, done = sum(len(ids) for ids in texts), 0
+    for i, (ids, start) in enumerate(zip(texts, starts)):
+        if progress is not None:
+            progress(f"reading the reference text, prompt {i + 1} of {len(texts)}", done, total)
+        done += len(ids)
         backend.reset()
         t0 = time.perf_counter()
         last = np.asarray(backend.prefill(ids[:start]))
@@ -72,6 +78,8 @@ def _rows(backend: BaseBackend, texts: list[list[int]], starts: list[int], param
         logits = align_logits(np.vstack([last[None], np.asarray(rest)]), n_vocab)
         out.append(np.argmax(logits, axis=-1) if params.greedy else warp(logits, params).astype(np.float32))
     backend.reset()
+    if progress is not None:
+        progress("reading the reference text", total, total)
     return out
 
 
@@ -84,28 +92,33 @@ def reference_texts(target: BaseBackend, prompts: Sequence[str], params: Samplin
 
 
 def probe_target(v: Variant, backend: BaseBackend, k_max: int, params: SamplingParams, texts, starts,
-                 n_vocab: int, t_pass: list[float] | None = None) -> Probe:
-    """A target's costs (``t_pass``: T(n) already measured, else timed here) and its rows."""
+                 n_vocab: int, t_pass: list[float] | None = None, progress: Progress | None = None) -> Probe:
+    """A target's costs (``t_pass``: T(n) already measured, else timed here) and its rows;
+    ``progress`` hears how far each is."""
     if t_pass is None:
-        t_pass, _ = pass_costs(backend, None, k_max, repeats=3)
+        t_pass, _ = pass_costs(backend, None, k_max, repeats=3, progress=progress)
     plain = Pair(backend)
+    if progress is not None:
+        progress("timing the loop's own work", 0, 0)
     events = list(plain.stream(texts[0][: starts[0]], params=params, max_tokens=6, seed=0))[1:]
     # the loop's own work per step, timed apart from the pass: a step's time less the probe's
     # T(1) would also count the pass's drift between the two timings
     t_step = float(np.median([e.t_draft + e.t_other for e in events])) if events else 0.0
-    return Probe(v, t_pass, t_step, _rows(backend, texts, starts, params, n_vocab))
+    return Probe(v, t_pass, t_step, _rows(backend, texts, starts, params, n_vocab, progress=progress))
 
 
 def probe_draft(v: Variant, backend: BaseBackend | None, params: SamplingParams, texts, starts,
-                n_vocab: int, k_max: int) -> Probe:
+                n_vocab: int, k_max: int, progress: Progress | None = None) -> Probe:
     if backend is None:  # prompt lookup: what it would copy at each position of the reference
         t0 = time.perf_counter()
         rows = lookup_rows(v.backend, texts, starts, params, n_vocab, k_max)
         t = (time.perf_counter() - t0) / max(sum(len(r) for r in rows), 1)
         return Probe(v, [t], 0.0, rows)
+    if progress is not None:
+        progress("timing the draft's pass", 0, 0)
     t_d = time_single(backend, context=min(16, backend.n_ctx - 1), repeats=5, warmup=1)["median_ms"] / 1e3
     prefills: list[float] = []
-    rows = _rows(backend, texts, starts, params, n_vocab, prefills)
+    rows = _rows(backend, texts, starts, params, n_vocab, prefills, progress)
     feed = float(np.median([t / max(s, 1) for t, s in zip(prefills, starts)]))
     return Probe(v, [t_d], 0.0, rows, t_prefill=float(np.mean(prefills)), prefills=prefills, t_feed=feed)
 

@@ -29,7 +29,7 @@ from specmac.core.costs import K_MODEL
 from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption
 from specmac.probes import probe_parallelism
-from specmac.tuning.timing import check_context
+from specmac.tuning.timing import Progress, check_context, labelled
 
 
 def _variant(role: str, backend, name: str = "ngram") -> Variant:
@@ -48,12 +48,12 @@ def _profile(rows: list[list[list[float]]], k_max: int) -> list[float | None]:
 
 def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[str | dict] | None = None,
                 run_tokens: int = 48, k_max: int = K_MODEL, context: int = 128, repeats: int = 3,
-                seed: int = 0, chat: bool | None = False) -> dict:
+                seed: int = 0, chat: bool | None = False, progress: Progress | None = None) -> dict:
     """Predict tokens per target pass and the speedup over plain decoding for K = 1..k_max of this
     pairing (a model draft, a model-free lookup or the hybrid of lookup and a model), from measured
     costs and teacher-forced acceptance on ``prompts`` (None: ``advise_prompts()``; workload
     prompts: also per category, ``by_category``), for runs of ``run_tokens`` tokens; ``chat`` as
-    in ``specmac.advise.workload.reference``.
+    in ``specmac.advise.workload.reference``; ``progress`` hears how far each measurement is.
 
     Returns best_k, predicted_speedup, alpha, alpha_profile, c, beta, verdict, t_draft_ms,
     t_target_ms, table (per K: k, tokens_per_pass, step_ms, predicted_speedup), reasons (why
@@ -75,14 +75,15 @@ def advise_pair(pair: Pair, *, params: SamplingParams, prompts: str | Sequence[s
     check_context(target, context, k_max + 1)  # refused before anything is measured, never clamped
     if draft is not None:
         check_context(draft, context, 1)
-    ref = reference(target, list(prompts), params, run_tokens, seed, chat)
+    ref = reference(target, list(prompts), params, run_tokens, seed, chat, labelled(progress, "target: "))
     texts, starts, groups = ref.texts, ref.starts, ref.groups()
     probe = probe_parallelism(target, n_max=k_max + 1, context=context, repeats=repeats)
     n_vocab = target.vocab.size
     tp = probe_target(_variant("target", target), target, k_max, params, texts, starts, n_vocab,
-                      t_pass=[ms / 1e3 for ms in probe["batched_ms"]])
+                      t_pass=[ms / 1e3 for ms in probe["batched_ms"]],
+                      progress=labelled(progress, "target: "))
     dv = _variant("draft", draft, pair.sources[-1].name)
-    dp: Probe = probe_draft(dv, draft, params, texts, starts, n_vocab, k_max)
+    dp: Probe = probe_draft(dv, draft, params, texts, starts, n_vocab, k_max, labelled(progress, "draft: "))
     if hybrid:
         dp.variant = Variant("draft", f"lookup+{draft.name}", dp.variant.model)
         dp.lookup = lookup_rows("lookup", texts, starts, params, n_vocab, k_max)

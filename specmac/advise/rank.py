@@ -40,6 +40,7 @@ from specmac.advise.workload import has_chat_template, reference
 from specmac.backends import backend_class, load_backend
 from specmac.core.sampling import SamplingParams
 from specmac.errors import BadOption, SpecmacError
+from specmac.tuning.timing import Progress, labelled
 from specmac.vocab import check_compatible
 
 
@@ -51,20 +52,22 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
                         hybrids: bool = True, chat: bool | None = False,
                         k_max: int = 8, run_tokens: int = 48,
                         seed: int = 0, target_options: dict | None = None, draft_options: dict | None = None,
-                        progress: Callable[[str], None] | None = None) -> dict:
+                        notify: Callable[[str], None] | None = None,
+                        progress: Progress | None = None) -> dict:
     """Probe every variant once, predict every configuration, rank. ``backends`` limits the
     backends tried (default: every installed model backend); ``drafts`` adds model-free drafters
     ("ngram" and "lookup", the default); ``hybrids``: each model draft also as the hybrid
     lookup+BACKEND; ``draft_backends`` are the drafts' backends (default ``backends``); ``*_options``
     go to every variant of that role (e.g. n_threads). ``prompts``: strings or workload prompts
     (with categories: every entry is also predicted per category); ``chat``: through the target's
-    chat template (True), not (False), or where the target has one (None)."""
+    chat template (True), not (False), or where the target has one (None). ``notify`` hears of
+    each variant as its probe starts, ``progress`` how far the probe is."""
     if not 1 <= k_max <= 16:
         raise BadOption(f"k_max {k_max} is out of range: use 1..16", param="k_max")
     if not prompts:
         raise BadOption("prompts is empty: give at least one prompt to measure acceptance on",
                         param="prompts")
-    say = progress or (lambda _msg: None)
+    say = notify or (lambda _msg: None)
     names = model_backends(backends)
     t0 = time.perf_counter()
     # a backend whose plain decoding is fast writes the reference text
@@ -85,16 +88,19 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
     for v in tv:
         say(f"target {v.label} ({v.source})")
         t1 = time.perf_counter()
+        told = labelled(progress, f"target {v.label}: ")
         try:
+            if told is not None:
+                told("loading", 0, 0)
             backend = load_backend(v.backend, v.model, v.options, role="target")
             if chat and not has_chat_template(backend):
                 raise SpecmacError(f"chat: target {v.label} ({v.source}) has no chat template: give the "
                                    "prompts without it, or a model that has one", param="chat")
             if ref is None:  # the first target that writes one gives the reference text
-                ref = reference(backend, prompts, params, run_tokens, seed, chat)
+                ref = reference(backend, prompts, params, run_tokens, seed, chat, told)
                 texts, starts, vocab = ref.texts, ref.starts, backend.vocab
             check_compatible(backend.vocab, vocab)
-            targets.append(probe_target(v, backend, k_max, params, texts, starts, vocab.size))
+            targets.append(probe_target(v, backend, k_max, params, texts, starts, vocab.size, progress=told))
             targets[-1].seconds = time.perf_counter() - t1
         except SpecmacError as e:
             if e.param == "chat":  # asked of every target, not a reason to skip one
@@ -102,6 +108,8 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
             skipped.append({**v.to_dict(), "role": "target", "reason": str(e)})
         finally:
             backend = None
+            if told is not None:
+                told("probed", 1, 1)
     if not targets:
         raise SpecmacError("no target variant could be probed: " + "; ".join(s["reason"] for s in skipped))
     groups = ref.groups()
@@ -119,18 +127,23 @@ def rank_configurations(draft_models: Sequence[str | None] = (None,),
     for v in dv:
         say(f"draft {v.label} ({v.source})")
         t1 = time.perf_counter()
+        told = labelled(progress, f"draft {v.label}: ")
         try:
+            if told is not None and not v.model_free:
+                told("loading", 0, 0)
             backend = None if v.model_free else load_backend(v.backend, v.model, v.options,
                                                                      role="draft")
             if backend is not None:
                 check_compatible(backend.vocab, vocab)
-            p = probe_draft(v, backend, params, texts, starts, vocab.size, k_max)
+            p = probe_draft(v, backend, params, texts, starts, vocab.size, k_max, told)
             p.seconds = time.perf_counter() - t1
         except SpecmacError as e:
             skipped.append({**v.to_dict(), "role": "draft", "reason": str(e)})
             continue
         finally:
             backend = None
+            if told is not None:
+                told("probed", 1, 1)
         add(p)
         if looked is not None and not v.model_free:
             hv = Variant("draft", f"lookup+{v.backend}", v.model, v.options, v.precision, v.source)

@@ -17,6 +17,7 @@ from specmac.api import Pair
 from specmac.backends import BaseBackend
 from specmac.core.sampling import SamplingParams
 from specmac.errors import SpecmacError
+from specmac.tuning.timing import Progress
 
 MARGIN = 18  # context left beyond the run for the widest verification pass (K <= 16, + the bonus)
 
@@ -71,9 +72,9 @@ class Reference:
 
 
 def reference(target: BaseBackend, prompts: Sequence[str | dict], params: SamplingParams, run_tokens: int,
-              seed: int, chat: bool | None = False) -> Reference:
+              seed: int, chat: bool | None = False, progress: Progress | None = None) -> Reference:
     """The reference text the loop will verify: each prompt (through the chat template, see
-    ``chat``), then ``run_tokens`` tokens the target writes after it."""
+    ``chat``), then ``run_tokens`` tokens the target writes after it (``progress`` hears of each)."""
     items = as_prompts(prompts)
     use_chat = has_chat_template(target) if chat is None else chat
     room = target.n_ctx - run_tokens - MARGIN
@@ -83,6 +84,8 @@ def reference(target: BaseBackend, prompts: Sequence[str | dict], params: Sampli
     plain = Pair(target)
     ref = Reference([], [], [], [], use_chat)
     for i, p in enumerate(items):
+        if progress is not None:
+            progress(f"writing the reference text, prompt {i + 1} of {len(items)}", i, len(items))
         text = target.apply_chat_template(p.get("messages") or p["text"]) if use_chat else p["text"]
         ids = plain.encode(text)
         if len(ids) > room:
@@ -95,6 +98,8 @@ def reference(target: BaseBackend, prompts: Sequence[str | dict], params: Sampli
         ref.starts.append(len(ids))
         ref.categories.append(p.get("category") or "")
         ref.ids.append(str(p.get("id", i)))
+    if progress is not None:
+        progress("writing the reference text", len(items), len(items))
     if not ref.texts:
         hint = "" if use_chat else ", or apply the chat template (an instruct model may answer only so)"
         raise SpecmacError("the reference target wrote nothing after the prompts: give other prompts" + hint)

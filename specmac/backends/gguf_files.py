@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import os
 import re
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,19 +108,65 @@ def gguf_type(path: str) -> str:
     return m.group(1).upper() if m else "GGUF"
 
 
+# GGUF metadata value types -> struct format (8: string, 9: array, read apart)
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
 def file_type(path: Path) -> int | None:
-    """general.file_type of a GGUF (a llama_ftype), read with gguf-py if it is installed."""
-    try:
-        import gguf
-    except ImportError:
-        return None
-    field = gguf.GGUFReader(str(path)).get_field("general.file_type")
-    return int(field.contents()) if field is not None else None
+    """general.file_type of a GGUF (a llama_ftype), None where the header has none. Only the
+    header's key-value pairs are walked, up to that key (general.* come first): a full reader
+    parses the whole vocabulary and every tensor's entry, seconds on a large model. A header that
+    is not one (bad magic, truncated, unknown value type) is a ValueError."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+        if len(head) < 24 or head[:4] != GGUF_MAGIC:
+            raise ValueError("no GGUF header")
+        # a byte-swapped version number: a big-endian file
+        order = "<" if struct.unpack("<I", head[4:8])[0] < 0x10000 else ">"
+        n_kv = struct.unpack(order + "Q", head[16:24])[0]
+
+        def read(fmt: str):
+            size = struct.calcsize(order + fmt)
+            data = f.read(size)
+            if len(data) < size:
+                raise ValueError("the GGUF header is truncated")
+            return struct.unpack(order + fmt, data)[0]
+
+        def skip(kind: int) -> None:
+            if kind == 8:
+                f.seek(read("Q"), os.SEEK_CUR)
+            elif kind == 9:
+                item, count = read("I"), read("Q")
+                if item in _SCALARS:
+                    f.seek(count * struct.calcsize(_SCALARS[item]), os.SEEK_CUR)
+                else:
+                    for _ in range(count):
+                        skip(item)
+            elif kind in _SCALARS:
+                read(_SCALARS[kind])
+            else:
+                raise ValueError(f"unknown GGUF value type {kind}")
+
+        for _ in range(n_kv):
+            key = f.read(read("Q"))
+            kind = read("I")
+            if key == b"general.file_type" and kind in _SCALARS:
+                return int(read(_SCALARS[kind]))
+            skip(kind)
+    return None
 
 
 def _readable_file_type(path: Path) -> int | None:
+    """general.file_type of a file about to be requantised, read by gguf-py's full reader where it is
+    installed: it also checks the tensor table against the file, so a truncated file is refused
+    here in one line (the header alone, ``file_type``, would pass it)."""
     try:
-        return file_type(path)
+        try:
+            import gguf
+        except ImportError:
+            return file_type(path)
+        field = gguf.GGUFReader(str(path)).get_field("general.file_type")
+        return int(field.contents()) if field is not None else None
     except Exception as e:  # gguf-py fails on junk and truncated files with whatever error it meets
         why = (str(e).splitlines() or [type(e).__name__])[0]
         raise ModelNotFound(f"{path} is not a readable GGUF file ({why}): check that the file is a "

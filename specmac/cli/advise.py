@@ -20,7 +20,9 @@ from specmac.cli.app import (
     sampling_options,
 )
 from specmac.cli.flags import command_lines, ctx_option
+from specmac.cli.progress import Reporter
 from specmac.cli.render import under_load
+from specmac.tuning.timing import labelled
 
 ADVISE_HELP = """What should I run? Without --draft: every configuration the installed backends can
 run, ranked by predicted tokens/s within precision groups (each group one output distribution):
@@ -171,12 +173,15 @@ def _rank(target_models, draft_models, backends, k_max, prompts, run_tokens, par
 
     if kw["target"]:
         backends = [kw["target"]] if backends is None else backends
-    record = under_load(lambda: rank_configurations(
-        list(draft_models) or [None], list(target_models) or [None], params=params,
-        prompts=prompts, backends=backends, chat=kw["chat"], k_max=k_max, run_tokens=run_tokens,
-        seed=kw["seed"], target_options=parse_kv(kw["target_opt"], "--target-opt"),
-        draft_options=parse_kv(kw["draft_opt"], "--draft-opt"),
-        progress=None if as_json else lambda m: click.echo(f"probing {m}", err=True)))
+    target_options = parse_kv(kw["target_opt"], "--target-opt")
+    draft_options = parse_kv(kw["draft_opt"], "--draft-opt")
+    # each probe said as it starts, how far it is and how long is left on stderr (--json too)
+    with Reporter("") as report:
+        record = under_load(lambda: rank_configurations(
+            list(draft_models) or [None], list(target_models) or [None], params=params,
+            prompts=prompts, backends=backends, chat=kw["chat"], k_max=k_max, run_tokens=run_tokens,
+            seed=kw["seed"], target_options=target_options, draft_options=draft_options,
+            notify=lambda m: report.say(f"probing {m}"), progress=labelled(report, "probing ")))
     record["prompts"] = kw["prompts_info"]
     record["provenance"] = provenance(" ".join(sys.argv), [*draft_models, *target_models])
     record["first_choice"] = _first_choice(record, kw["ctx_size"], save)
@@ -255,10 +260,12 @@ def _one_pairing(kw, params, prompts, run_tokens, context, repeats, as_json, plo
     from specmac.advise.pairing import advise_pair
     from specmac.compare.results import model_files, plot_speedup, provenance
 
-    pair = load_pair(kw)
-    record = under_load(lambda: advise_pair(pair, params=params, prompts=prompts, run_tokens=run_tokens,
-                                            context=context, repeats=repeats, seed=kw["seed"],
-                                            chat=kw["chat"]))
+    with Reporter("") as report:
+        with report.waiting("loading the models"):
+            pair = load_pair(kw)
+        record = under_load(lambda: advise_pair(pair, params=params, prompts=prompts, run_tokens=run_tokens,
+                                                context=context, repeats=repeats, seed=kw["seed"],
+                                                chat=kw["chat"], progress=labelled(report, "probing ")))
     record["prompts"] = kw["prompts_info"]
     models = model_files(pair.target, kw["target_model"], "target")
     for backend in pair.drafts.values():

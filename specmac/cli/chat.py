@@ -28,6 +28,7 @@ from specmac.cli.app import (
     use_color,
 )
 from specmac.cli.profile import given, profile_choice, profile_options
+from specmac.cli.progress import Reporter
 from specmac.cli.textin import templated
 from specmac.core.planner import K_DEFAULT
 from specmac.errors import ContextOverflow
@@ -71,25 +72,25 @@ def chat(k_text, max_tokens, system, as_json, color, profile_path, precision, **
     if k == "auto" and kw["draft"] == "none":
         raise UserError("--k auto chooses how many drafts to verify, and --draft none makes none: add "
                         "--draft BACKEND (or --draft lookup), or drop --k")
-    pair = choice.pair() if choice else load_pair(kw)
-    if choice and not as_json:
-        click.echo(choice.line, err=True)
+    with Reporter() as report:  # a long load or measurement says how far it is (run does the same)
+        with report.waiting("loading the models"):
+            pair = choice.pair() if choice else load_pair(kw)
+        if choice and not as_json:
+            click.echo(choice.line, err=True)
+        first = [{"role": "system", "content": system}] if system is not None else []
+        if templated(pair.target, [*first, {"role": "user", "content": "hi"}]) is None:
+            raise UserError(f"the target ({pair.target.name}) has no chat template: use specmac run, which "
+                            "sends the text as it is")
+        policy = pair.planner(k, notify=report.say, progress=report)
     session = Session(pair, system, params=params, max_tokens=max_tokens, seed=kw["seed"], as_json=as_json,
                       color=use_color(color, as_json))
-    if templated(pair.target, session.messages + [{"role": "user", "content": "hi"}]) is None:
-        raise UserError(f"the target ({pair.target.name}) has no chat template: use specmac run, which sends "
-                        "the text as it is")
-    session.policy = pair.planner(k, notify=None if as_json else _say)
+    session.policy = policy
     if session.color and pair.speculative:
         click.echo(legend(), err=True)
     terminal = sys.stdin.isatty()
     if terminal and not as_json:
         click.echo(f"specmac chat: {HELP}", err=True)
     sys.exit(session.loop(_reader(terminal, echo=not terminal and not as_json), terminal))
-
-
-def _say(message: str) -> None:
-    click.echo(f"specmac: {message}", err=True)
 
 
 class Session:

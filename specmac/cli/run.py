@@ -18,6 +18,7 @@ from specmac.cli.app import (
     use_color,
 )
 from specmac.cli.profile import given, profile_choice, profile_options
+from specmac.cli.progress import Reporter
 from specmac.core.planner import K_DEFAULT
 
 # --- run ----------------------------------------------------------------------------------
@@ -81,12 +82,15 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
     if system is not None and chat is False:
         raise UserError("--system is a message of the chat template, and --raw sends the text as it is: "
                         "drop --system, or drop --raw")
-    pair = choice.pair() if choice else load_pair(kw)
-    if choice and not as_json:
-        click.echo(choice.line, err=True)
-    prompt, prompt_format = run_prompt(pair.target, prompt, chat, system)
-    # "auto" times the pair's passes here, before the first token (a long measurement says so first)
-    policy = pair.planner(k, remeasure=remeasure, notify=None if as_json else _say)
+    # a long wait says what it does, how far it is and how long is left, on stderr (--json too)
+    with Reporter() as report:
+        with report.waiting("loading the models"):
+            pair = choice.pair() if choice else load_pair(kw)
+        if choice and not as_json:
+            click.echo(choice.line, err=True)
+        prompt, prompt_format = run_prompt(pair.target, prompt, chat, system)
+        # "auto" times the pair's passes here, before the first token
+        policy = pair.planner(k, remeasure=remeasure, notify=report.say, progress=report)
     code = runner.run(pair, prompt, params=params, k=policy, max_tokens=max_tokens, seed=kw["seed"],
                       baseline=baseline, as_json=as_json, color=use_color(color, as_json),
                       meta={"command": " ".join(["specmac", *sys.argv[1:]]),
@@ -95,11 +99,6 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
                                if choice else {})},
                       prediction=prediction)
     sys.exit(code)
-
-
-def _say(message: str) -> None:
-    """A line on stderr before something long (a measurement), so the wait says what it is."""
-    click.echo(f"specmac: {message}", err=True)
 
 
 # --- verify -------------------------------------------------------------------------------
@@ -228,8 +227,10 @@ def _verify_exact(k, length, sequences, tolerance, tokens, as_json, kw) -> None:
         raise UserError("--exact compares samples at T > 0: use --temperature 1 (at 0 verify "
                         "compares greedy outputs without --exact)")
     params = sampling_params(kw)
-    pair = load_pair(kw)
-    policy = pair.planner(k, notify=None if as_json else _say)
+    with Reporter() as report:
+        with report.waiting("loading the models"):
+            pair = load_pair(kw)
+        policy = pair.planner(k, notify=report.say, progress=report)
     res = exact.exact_check(pair, params=params, n_sequences=sequences or exact.DEFAULT_SEQUENCES,
                             length=length or exact.DEFAULT_LENGTH, k=policy, seed=kw["seed"],
                             tolerance=exact.TOLERANCE if tolerance is None else tolerance)

@@ -11,6 +11,7 @@ import click
 
 from specmac.cli.app import UserError, load_pair, main, pair_options, parse_k
 from specmac.cli.profile import profile_choice, profile_options
+from specmac.cli.progress import Reporter
 
 
 @main.command()
@@ -69,21 +70,9 @@ def serve(k_text, host, port, queue_size, parallel, cache_ram, cache_dir, api_ke
     except OSError as e:
         raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}): "
                         "choose another port, or --port 0 for a free one") from None
-    pair, k = (choice.pair(), choice.k) if choice else (load_pair(kw), k)
-    from specmac.store import SequenceStore, default_budget
-    from specmac.store.disk import DISK_BUDGET, DiskTier
-
-    budget = default_budget() if cache_ram is None else cache_ram << 20
-    disk = None
-    if cache_dir:
-        try:
-            disk = DiskTier(cache_dir, {"target": pair.target, **pair.drafts}, DISK_BUDGET)
-        except OSError as e:
-            raise UserError(f"--cache-dir {cache_dir}: cannot keep caches there ({e.strerror or e}): give a "
-                            "writable folder") from None
-    pair.store = SequenceStore(budget, disk) if budget or disk else None
-    # "auto" measures the pass costs now (kept on disk), not in the first request
-    planner = pair.planner(k, notify=lambda m: click.echo(f"specmac serve: {m}", err=True))
+    k = choice.k if choice else k
+    with Reporter("specmac serve") as report:  # the waits before the URL: loading, measuring
+        pair, planner = _load(report, choice, kw, k, cache_ram, cache_dir)
     name = model_name or server.model_name(pair)
     config = {"k": k, **pair.info()}
     if k == "auto":
@@ -102,6 +91,26 @@ def serve(k_text, host, port, queue_size, parallel, cache_ram, cache_dir, api_ke
         click.echo(json.dumps(config, default=str), err=True)
     sys.exit(server.serve(pair, sock, k=k, queue_size=queue_size, api_key=api_key, model_id=name,
                           config=_public(config), log_level=log_level, planner=planner, parallel=parallel))
+
+
+def _load(report: Reporter, choice, kw: dict, k, cache_ram: int | None, cache_dir: str | None):
+    """-> (the pair, loaded with its caches' store, and its planner)."""
+    with report.waiting("loading the models"):
+        pair = choice.pair() if choice else load_pair(kw)
+    from specmac.store import SequenceStore, default_budget
+    from specmac.store.disk import DISK_BUDGET, DiskTier
+
+    budget = default_budget() if cache_ram is None else cache_ram << 20
+    disk = None
+    if cache_dir:
+        try:
+            disk = DiskTier(cache_dir, {"target": pair.target, **pair.drafts}, DISK_BUDGET)
+        except OSError as e:
+            raise UserError(f"--cache-dir {cache_dir}: cannot keep caches there ({e.strerror or e}): give a "
+                            "writable folder") from None
+    pair.store = SequenceStore(budget, disk) if budget or disk else None
+    # "auto" measures the pass costs now (kept on disk), not in the first request
+    return pair, pair.planner(k, notify=report.say, progress=report)
 
 
 def _label(info: dict) -> str:

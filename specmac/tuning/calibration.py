@@ -7,7 +7,8 @@ one-token passes now: where they agree (within ``PLAUSIBLE``) the curve is used,
 steps refine it; where they do not (the load moved, or another thread count was fitted), the curve
 is derived from the kept one and a few widths timed now (``thread_curves.derive_curve``), which
 costs a few passes, not a new measurement. A full measurement happens only where nothing is kept
-for the target, or where asked (``remeasure``), and is said before it starts (``notify``).
+for the target, or where asked (``remeasure``): it is said before it starts (``notify``), and how
+far it is and how long is left as it goes (``progress``).
 
 A draft model's pass is timed now on every run (a few passes): a kept draft time that is wrong
 would be trusted for ever by a planner that stops drafting on it. Its prefill per token is kept
@@ -36,7 +37,7 @@ from specmac.core.costs import Costs
 from specmac.errors import SpecmacError
 from specmac.files import cache_home, write_json
 from specmac.tuning.thread_curves import anchor_widths, derive_curve, sibling_curve
-from specmac.tuning.timing import probe_tokens, time_single, timed
+from specmac.tuning.timing import Progress, probe_tokens, time_single, timed
 
 KEPT_REPEATS = 3  # sweeps of every width in a kept curve: one preempted pass must not steer later runs
 PLAUSIBLE = 1.3  # a kept T(1) within this factor of the median of a few fresh passes is believed
@@ -46,33 +47,50 @@ FLOOR_S = 2e-4  # differences below this are timer noise on a tiny model, never 
 Notify = Callable[[str], None]
 
 
-def pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int,
-               context: int = 16, repeats: int = 1) -> tuple[list[float], float]:
+def pass_costs(target: BaseBackend, draft: BaseBackend | None, k_max: int, context: int = 16,
+               repeats: int = 1, progress: Progress | None = None,
+               what: str = "timing the target's passes") -> tuple[list[float], float]:
     """(T_t(n) for n = 1..k_max + 1, T_d(1)), seconds; T_d(1) is 0 without a draft model. Every
     width is timed: llama.cpp switches kernels with the batch size, so T(n) has dips that
-    interpolation would miss."""
-    costs = sweep_costs(target, list(range(1, k_max + 2)), repeats, context)
+    interpolation would miss. ``progress`` hears how far the sweeps are (as ``what``)."""
+    costs = sweep_costs(target, list(range(1, k_max + 2)), repeats, context, progress, what)
     return list(costs.values()), draft_pass(draft, context)
 
 
-def sweep_costs(target: BaseBackend, widths: list[int], repeats: int = 1,
-                context: int = 16) -> dict[int, float]:
+def sweep_costs(target: BaseBackend, widths: list[int], repeats: int = 1, context: int = 16,
+                progress: Progress | None = None,
+                what: str = "timing the target's passes") -> dict[int, float]:
     """{n: T_t(n)} for the ascending ``widths`` (1 first), seconds: a warm-up pass at the widest and
     at one token, then ``repeats`` sweeps; T(1), every choice's yardstick, the median of
-    ``repeats`` + 2, every other width of ``repeats``."""
+    ``repeats`` + 2, every other width of ``repeats``. ``progress`` hears of every pass (``what``,
+    in seconds of passes: those timed and an estimate of the rest)."""
     if repeats < 1:
         raise ValueError(f"repeats {repeats} is out of range: use 1 or more")
+    order = (widths[-1], 1, *widths * repeats, 1, 1)
+    if progress is not None:
+        progress(f"{what}: pass 0 of {len(order)}", 0, 1)
     ids = probe_tokens(target, context + widths[-1])
     try:
         target.reset()
         target.prefill(ids[:context])
         times: dict[int, list[float]] = {}
-        for n in (widths[-1], 1, *widths * repeats, 1, 1):
+        for i, n in enumerate(order):
             target.rewind(context)
             times.setdefault(n, []).append(timed(target, lambda n=n: target.score(ids[context:context + n])))
+            if progress is not None:
+                done = sum(map(sum, times.values()))
+                progress(f"{what}: pass {i + 1} of {len(order)}", done, done + _rest(order[i + 1:], times))
     finally:
         target.reset()
     return {n: float(np.median(times[n][-(repeats + 2 if n == 1 else repeats):])) for n in widths}
+
+
+def _rest(order: tuple[int, ...], times: dict[int, list[float]]) -> float:
+    """Seconds the passes at widths ``order`` should take: a width's last time, else one between
+    the last times at one token and at the widest (the first two passes), in proportion."""
+    wide = max(times)
+    t1, tw = times.get(1, times[wide])[-1], times[wide][-1]
+    return sum(times[n][-1] if n in times else t1 + (tw - t1) * (n - 1) / max(wide - 1, 1) for n in order)
 
 
 def draft_pass(draft: BaseBackend | None, context: int = 16, repeats: int = 3) -> float:
@@ -180,9 +198,10 @@ class Kept:
     drafts: dict[str, tuple[Path, float]] = field(default_factory=dict)  # name -> (entry, kept T_d(1))
 
 
-def kept_curve(target: BaseBackend, width: int, remeasure: bool = False,
-               notify: Notify | None = None) -> tuple[list[float], str, Path]:
-    """(T_t(n) for n = 1..width + 1, how it was come by, its entry): module docstring."""
+def kept_curve(target: BaseBackend, width: int, remeasure: bool = False, notify: Notify | None = None,
+               progress: Progress | None = None) -> tuple[list[float], str, Path]:
+    """(T_t(n) for n = 1..width + 1, how it was come by, its entry): module docstring. ``notify``
+    hears what a long measurement is and why before it starts, ``progress`` how far it is."""
     ident, path = _entry("curve", target)
     kept, why = (None, "") if remeasure else _read(path, "t_target")
     if kept is not None and len(kept) >= width + 1:
@@ -194,7 +213,8 @@ def kept_curve(target: BaseBackend, width: int, remeasure: bool = False,
         guess = 2 * sum(kept[n - 1] for n in widths) / ratio + 3 * now
         _say(notify, f"the kept curve's T(1) is {_ms(kept[0])}, {_ms(now)} now: deriving it from "
              f"{len(widths)} widths timed now, about {guess:.1f} s")
-        curve = derive_curve(kept, sweep_costs(target, widths, repeats=2))
+        curve = derive_curve(kept, sweep_costs(target, widths, repeats=2, progress=progress,
+                                               what="deriving the target's curve"))
         how = (f"derived from the kept curve (T(1) {_ms(kept[0])}, {_ms(now)} now) and {len(widths)} "
                "widths timed now")
         # kept on a busier machine than now, or broken (no load moves a pass this far): replaced
@@ -208,22 +228,22 @@ def kept_curve(target: BaseBackend, width: int, remeasure: bool = False,
             (other, threads) = sibling
             widths = anchor_widths(width)
             guess = 2 * sum(other[n - 1] for n in widths) + 3 * other[0]
-            _say(notify, f"deriving the target's curve at this thread count from the one kept at {threads}: "
-                 f"{len(widths)} widths timed now, about {guess:.1f} s")
-            fresh = sweep_costs(target, widths, repeats=2)
+            _say(notify, f"deriving the target's curve at this thread count from the one kept at {threads} "
+                 f"thread{'s' * (threads != 1)}: {len(widths)} widths timed now, about {guess:.1f} s")
+            fresh = sweep_costs(target, widths, repeats=2, progress=progress,
+                                what="deriving the target's curve")
             curve = derive_curve(other[:width + 1], fresh)
             how = (f"derived from the curve kept at {threads} thread{'s' * (threads != 1)} and "
                    f"{len(fresh)} widths timed now")
             how += _keep(path, {"t_target": curve, "identity": ident,
                                 "derived_from": {"n_threads": threads, "widths": sorted(fresh)}})
             return curve, how, path
-    if notify is not None:
-        t1, tw = (sweep_costs(target, [1, width + 1]).values())
-        guess = KEPT_REPEATS * (width + 1) * (t1 + tw) / 2 + 2 * (t1 + tw)
-        _say(notify, f"measuring the target's pass at {width + 1} widths, {KEPT_REPEATS} sweeps: about "
-             f"{guess:.0f} s, once for this machine and model (kept for later runs)")
+    # said at once (no pass timed first to guess how long): ``progress`` says how long is left
+    _say(notify, f"measuring the target's pass at {width + 1} widths, {KEPT_REPEATS} sweeps, once for this "
+         "machine, model and thread count (kept for later runs)")
     t0 = time.perf_counter()
-    curve, _ = pass_costs(target, None, width, repeats=KEPT_REPEATS)
+    curve, _ = pass_costs(target, None, width, repeats=KEPT_REPEATS, progress=progress,
+                          what="measuring the target's pass costs")
     if not why:
         why = "as asked" if remeasure else "none was kept" if kept is None else "the kept one was narrower"
     how = f"measured in {time.perf_counter() - t0:.1f} s ({why})"
@@ -248,15 +268,17 @@ def kept_draft(draft: BaseBackend, remeasure: bool = False) -> tuple[float, floa
 
 
 def measure_costs(target: BaseBackend | None, drafts: Mapping[str, BaseBackend], width: int, *,
-                  remeasure: bool = False, notify: Notify | None = None) -> tuple[Costs, Kept]:
+                  remeasure: bool = False, notify: Notify | None = None,
+                  progress: Progress | None = None) -> tuple[Costs, Kept]:
     """The planner's costs: the target's curve out to ``width`` drafts (None: the run's own steps
     time it, a fixed K) and each draft model's pass and prefill rate. A target whose context window
-    is too small to probe gets no curve (the run times its own steps)."""
+    is too small to probe gets no curve (the run times its own steps). ``notify`` hears of a long
+    measurement before it starts, ``progress`` how far it is (``kept_curve``)."""
     kept, notes = Kept(), []
     t_target = None
     if target is not None:
         try:
-            t_target, how, kept.curve = kept_curve(target, width, remeasure, notify)
+            t_target, how, kept.curve = kept_curve(target, width, remeasure, notify, progress)
             kept.t_target = list(t_target)
             notes.append(f"target: {how}")
         except SpecmacError as e:  # e.g. a context window too small to probe

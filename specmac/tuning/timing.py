@@ -14,6 +14,12 @@ import numpy as np
 from specmac.backends import BaseBackend
 from specmac.errors import BadOption
 
+Progress = Callable[[str, float, float], None]
+"""``progress(what, done, total)``: the job ``what`` has ``done`` of ``total`` done, in any unit of
+like cost (seconds of work, say), so done / total is the share of its time gone; ``done`` 0 starts
+it, ``done`` >= ``total`` ends it; ``total`` 0: how far is unknown. The caller renders it
+(``specmac.cli.progress``); a measuring layer only reports."""
+
 # code-like text: the embedded pair and the Qwen coder models are trained on code
 PROBE_TEXT = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
@@ -21,6 +27,13 @@ PROBE_TEXT = (
     "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n"
     "for i in range(10):\n    print(i, fibonacci(i))\n"
 )
+
+
+def labelled(progress: Progress | None, prefix: str) -> Progress | None:
+    """``progress`` with ``prefix`` before the name of every job it hears of (None stays None)."""
+    if progress is None:
+        return None
+    return lambda what, done, total: progress(f"{prefix}{what}", done, total)
 
 
 def probe_tokens(backend: BaseBackend, n: int, text: str = PROBE_TEXT) -> list[int]:

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from specmac.cli import main
+from tests.support.helpers import error_lines
 
 REPO = Path(__file__).resolve().parents[2]
 PAIR = ("--draft", "synthetic", "--target", "synthetic")
@@ -34,7 +35,7 @@ def _spawn(args, cwd, **kw) -> subprocess.Popen:
 
 
 def _one_line(code: int, err: str, needle: str, status: int = 2) -> None:
-    lines = err.strip().splitlines()
+    lines = error_lines(err)
     assert code == status, f"exit {code}: {err}"
     assert "Traceback" not in err
     assert len(lines) == 1, f"expected one line, got {err!r}"

@@ -124,7 +124,8 @@ def test_run_profile_takes_the_group_of_the_target_file(saved, monkeypatch):
 
 def _serve(args: list[str]):
     """Start `specmac serve ... --port 0`; -> (process, base URL, the stderr lines from the URL's on).
-    Before the URL it may say it measures the pass costs k="auto" weighs (once per machine and model)."""
+    Before the URL it may say what it waits for: loading, measuring the pass costs k="auto" weighs
+    (once per machine and model) and how far that is."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen([sys.executable, "-m", "specmac", "serve", "--port", "0", *args],
                             stderr=subprocess.PIPE, text=True, env=env)
@@ -132,7 +133,8 @@ def _serve(args: list[str]):
     while line and "http://127.0.0.1:" not in line:
         said.append(line)
         line = proc.stderr.readline()
-    assert all(x.startswith("specmac serve: measuring the target's pass") for x in said), said
+    waits = ("specmac serve: measuring the target's pass", "specmac serve: loading the models")
+    assert all(x.startswith(waits) for x in said), said
     lines = [line] + [proc.stderr.readline() for _ in range(2)]
     assert "http://127.0.0.1:" in lines[0], said + lines
     base = lines[0].split("http://")[1].split()[0]

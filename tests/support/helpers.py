@@ -4,6 +4,7 @@ one-line-error check and the environment of a real `python -m specmac` process."
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,9 +31,18 @@ class Case:
     env: tuple[tuple[str, str], ...] = ()  # extra environment (a real process)
 
 
+# a wait said while it lasts (specmac.cli.progress): a slow load before the mistake shows may say it
+WAIT_LINE = re.compile(r"^(specmac( serve)?: )?loading the models \(\d+ s so far\)$")
+
+
+def error_lines(stderr: str) -> list[str]:
+    """stderr's lines, less those saying what a wait before the error was doing."""
+    return [x for x in stderr.strip().splitlines() if not WAIT_LINE.match(x)]
+
+
 def assert_one_line_error(case: Case, code: int, stdout: str, stderr: str) -> None:
     """Exit status 2, no traceback, one line on stderr naming the problem, nothing on stdout."""
-    lines = stderr.strip().splitlines()
+    lines = error_lines(stderr)
     assert code == 2, f"exit {code}, stderr: {stderr}"
     assert "Traceback" not in stderr
     assert len(lines) == 1, f"expected one line, got: {stderr!r}"
