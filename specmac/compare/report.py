@@ -233,7 +233,7 @@ def _method(record: dict, st: dict, prov: dict, machine: dict) -> list[str]:
            + (f", top-k {s['top_k']}" if s["top_k"] else "")
            + (f", top-p {s['top_p']}" if s["top_p"] < 1 else "")
            + (f", min-p {s['min_p']}" if s["min_p"] else "") + f", seed {st['seed']}."]
-    if not record["results"]:  # endpoints alone: their own section says how they were measured
+    if not record.get("results") and record.get("endpoint_runs"):  # endpoints alone: said in their section
         return out + [""]
     out += ["- Rounds are interleaved: each (prompt, repeat) runs every configuration once, in the order "
             "of the tables; one warm-up round of "

@@ -15,7 +15,7 @@ def test_run_and_compare_take_a_lookup_and_a_model(tmp_path):
     res = CliRunner().invoke(main, ["run", "--draft", "lookup+synthetic", "--target", "synthetic", "--k", "3",
                                     "--max-tokens", "12", "--json", "abcabcabcabc"])
     assert res.exit_code == 0, res.output
-    r = json.loads(res.output)
+    r = json.loads(res.stdout)
     assert r["draft"]["drafter"] == "lookup+synthetic"
     assert set(r["steps_by_source"]) <= {"lookup", "synthetic", "none"}
     assert r["k_policy"]["policy"] == "fixed" and r["k_policy"]["k"] == 3
@@ -42,7 +42,7 @@ def test_the_stats_say_the_k_of_each_step_and_the_sources(tmp_path, monkeypatch)
     # K auto plans from timings, so a second run may choose other K: the line is checked against the
     # numbers of the run it is printed from.
     res = CliRunner().invoke(main, [*run, "--json", "abcdefgh" * 6])
-    r = json.loads(res.output)
+    r = json.loads(res.stdout)
     steps = r["k_steps"]
     assert len(steps) == r["n_target_passes"] and sum(steps) == r["n_drafted"]
     k_line = next(line for line in stats_block(r, speculative=True) if line.startswith("K per step:"))

@@ -406,7 +406,7 @@ def test_run_json_and_text_say_why_the_model_is_not_started(tmp_path, monkeypatc
             "--draft-opt", "latency_ms=1", "--draft-opt", "beta=0.3", "--k", "auto", "--max-tokens", "6"]
     res = CliRunner().invoke(main, [*args, "--json", prompt])
     assert res.exit_code == 0, res.output
-    r = json.loads(res.output)
+    r = json.loads(res.stdout)
     assert r["k_policy"]["note"].startswith("model draft not started") and r["n_drafted"] == 0
     res = CliRunner().invoke(main, [*args, prompt])
     assert res.exit_code == 0 and "K choice: model draft not started" in res.output

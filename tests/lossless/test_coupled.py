@@ -194,7 +194,7 @@ def _run_ids(*args) -> list[int]:
     r = CliRunner().invoke(main, ["run", "--sampler", "coupled", "--temperature", "1", "--seed", "7",
                                   "--max-tokens", "20", "--json", *args, "def "])
     assert r.exit_code == 0, r.output
-    return json.loads(r.output)["token_ids"]
+    return json.loads(r.stdout)["token_ids"]
 
 
 @pytest.mark.parametrize("target", [pytest.param(t, marks=skip_unless_installed(t))
@@ -217,7 +217,7 @@ def test_cli_verify_exact_passes_the_synthetic_pair_with_json():
     r = CliRunner().invoke(main, ["verify", "--exact", "--draft", "synthetic", "--target", "synthetic",
                                   "--sequences", "6", "--json"])
     assert r.exit_code == 0, r.output
-    res = json.loads(r.output)
+    res = json.loads(r.stdout)
     assert res["n_identical"] == 6 and res["verdict"].startswith("PASS")
     assert res["sampling"]["sampler"] == "coupled"
     bad = CliRunner().invoke(main, ["verify", "--draft", "synthetic", "--target", "synthetic",
