@@ -45,7 +45,7 @@ SEED_LIMIT = 2**63
 @sampling_options
 @click.option("--k", "k_text", default=str(K_DEFAULT), show_default=True, metavar="K|auto",
               help="Draft tokens per step, or 'auto' (chosen every step by the cost model).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=512, show_default=True, metavar="N",
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=512, show_default=True, metavar="N",
               help="Stop a reply after N tokens (or at EOS, or at the context window).")
 @click.option("--system", metavar="TEXT", help="A system message at the start of the conversation.")
 @click.option("--json", "as_json", is_flag=True,
