@@ -252,26 +252,17 @@ def llama_server(model: str, port: int) -> None:
     chooses them (off where ggml was built with AMX: llama.cpp issue 20824), and every CPU, as
     specmac uses them (its default takes half)."""
     import uvicorn
-    from llama_cpp import llama as llama_module
     from llama_cpp.server.app import create_app
     from llama_cpp.server.settings import ModelSettings, ServerSettings
 
-    from specmac.backends.gguf_files import extra_bufts_safe
+    from specmac.backends.gguf_files import peer_defaults
 
-    lib, safe = llama_module.llama_cpp, extra_bufts_safe()
-    defaults = lib.llama_model_default_params
-
-    def params():
-        p = defaults()
-        p.use_extra_bufts = safe
-        return p
-
-    lib.llama_model_default_params = params
     n = os.cpu_count() or 1
-    app = create_app(server_settings=ServerSettings(host="127.0.0.1", port=port),
-                     model_settings=[ModelSettings(model=model, model_alias="m", n_ctx=4096, n_threads=n,
-                                                   n_threads_batch=n, verbose=False)])
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    with peer_defaults():
+        app = create_app(server_settings=ServerSettings(host="127.0.0.1", port=port),
+                         model_settings=[ModelSettings(model=model, model_alias="m", n_ctx=4096,
+                                                       n_threads=n, n_threads_batch=n, verbose=False)])
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 def measure(name: str, command: list[str], scenarios: dict[str, list]) -> dict:

@@ -242,12 +242,13 @@ def extra_bufts_safe() -> bool:
     return "AMX_INT8 = 1" not in llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
-def peer_llama(path: str | Path, **kwargs) -> llama_cpp.Llama:
-    """llama-cpp-python's own ``Llama(path, **kwargs)`` (the peer that benchmarks and tests set
-    beside specmac), with llama.cpp's extra CPU buffer types as specmac's ``extra_bufts`` auto
-    chooses them: off where ggml was built with AMX, where loading a Q4_K_M, Q8_0 or Q4_0 file with
-    them crashes the process (llama.cpp issue 20824). ``Llama`` takes no such argument; it reads
-    llama_model_default_params while it is built, so that is what is changed, for that call only."""
+@contextlib.contextmanager
+def peer_defaults() -> Iterator[None]:
+    """While inside: llama-cpp-python's own ``Llama`` and ``llama_cpp.server`` (the peers that
+    benchmarks and tests set beside specmac) load models with llama.cpp's extra CPU buffer types as
+    specmac's ``extra_bufts`` auto chooses them: off where ggml was built with AMX, where loading a
+    Q4_K_M, Q8_0 or Q4_0 file with them crashes the process (llama.cpp issue 20824). Neither takes
+    such an argument; both read llama_model_default_params as they load, so that is what changes."""
     from llama_cpp import llama as llama_module
 
     lib = llama_module.llama_cpp
@@ -261,9 +262,17 @@ def peer_llama(path: str | Path, **kwargs) -> llama_cpp.Llama:
 
     lib.llama_model_default_params = params
     try:
-        return llama_module.Llama(str(path), **kwargs)
+        yield
     finally:
         lib.llama_model_default_params = defaults
+
+
+def peer_llama(path: str | Path, **kwargs) -> llama_cpp.Llama:
+    """llama-cpp-python's own ``Llama(path, **kwargs)``, loaded under ``peer_defaults``."""
+    from llama_cpp import llama as llama_module
+
+    with peer_defaults():
+        return llama_module.Llama(str(path), **kwargs)
 
 
 def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False,

@@ -111,6 +111,31 @@ def turn_line(r: dict, n_prompt: int, speculative: bool) -> str:
             f"finish: {r['finish_reason']}]")
 
 
+def tenths(total: int, unit: str):
+    """A progress callback (n more done) that prints a line on stderr at each tenth of ``total``
+    ``unit`` (a long check off a terminal: verify's sampling, verify --endpoint's requests)."""
+    done, shown = [0], [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        if 10 * done[0] >= (shown[0] + 1) * total:
+            shown[0] = min(10, 10 * done[0] // total)
+            click.echo(f"verify: {10 * shown[0]}% ({done[0]} of {total} {unit})", err=True)
+
+    return tick
+
+
+def show_verdict(res: dict, lines: list[str], as_json: bool) -> None:
+    """A check's record as one JSON object, or its lines, a blank line and its verdict."""
+    if as_json:  # as app.emit_json writes it (app imports this module: no import back)
+        click.echo(json.dumps(res, indent=2, default=str))
+        return
+    for line in lines:
+        click.echo(line)
+    click.echo("")
+    click.echo(res["verdict"])
+
+
 # --- verify ----------------------------------------------------------------------------------
 
 

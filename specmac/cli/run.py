@@ -8,7 +8,6 @@ import click
 
 from specmac.cli.app import (
     UserError,
-    emit_json,
     load_pair,
     main,
     pair_options,
@@ -19,6 +18,7 @@ from specmac.cli.app import (
 )
 from specmac.cli.profile import given, profile_choice, profile_options
 from specmac.cli.progress import Reporter
+from specmac.cli.render import show_verdict
 from specmac.core.planner import K_DEFAULT
 
 # --- run ----------------------------------------------------------------------------------
@@ -237,13 +237,7 @@ def _verify_exact(k, length, sequences, tolerance, tokens, as_json, kw) -> None:
     res["k"] = k
     res.update(pair.info())
     res["verdict"] = exact.verdict(res)
-    if as_json:
-        emit_json(res)
-    else:
-        for line in exact.lines(res):
-            click.echo(line)
-        click.echo("")
-        click.echo(res["verdict"])
+    show_verdict(res, [] if as_json else exact.lines(res), as_json)
     sys.exit(1 if res["n_failures"] else 0)
 
 

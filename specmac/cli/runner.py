@@ -14,7 +14,16 @@ from collections.abc import Callable, Iterator, Sequence
 import click
 
 from specmac.api import Pair
-from specmac.cli.render import EXIT_INTERRUPTED, STYLE, legend, stats_block, verdict, verify_table
+from specmac.cli.render import (
+    EXIT_INTERRUPTED,
+    STYLE,
+    legend,
+    show_verdict,
+    stats_block,
+    tenths,
+    verdict,
+    verify_table,
+)
 from specmac.core.loop import Event
 from specmac.core.planner import Planner
 from specmac.core.runstats import RunStats
@@ -171,7 +180,7 @@ def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: i
 
     kw = dict(params=params, n_tokens=tokens, k=k, length=length, seed=seed)
     if as_json or not sys.stderr.isatty():
-        res = two_sample_check(pair, **kw, progress=_tenths(2 * tokens) if progress_lines else None)
+        res = two_sample_check(pair, **kw, progress=tenths(2 * tokens, "tokens") if progress_lines else None)
     else:
         from rich.console import Console
         from rich.progress import Progress
@@ -181,23 +190,4 @@ def verify(pair: Pair, *, params: SamplingParams, k: int, tokens: int, length: i
             res = two_sample_check(pair, **kw, progress=lambda n: bar.advance(task, n))
     res.update(pair.info())
     res["verdict"] = verdict(res)
-    if as_json:
-        click.echo(json.dumps(res, indent=2, default=str))
-        return
-    for line in verify_table(res):
-        click.echo(line)
-    click.echo("")
-    click.echo(res["verdict"])
-
-
-def _tenths(total: int):
-    """A progress callback (tokens done so far, in steps) that prints a line at each 10%."""
-    done, shown = [0], [0]
-
-    def tick(n: int) -> None:
-        done[0] += n
-        if 10 * done[0] >= (shown[0] + 1) * total:
-            shown[0] = min(10, 10 * done[0] // total)
-            click.echo(f"verify: {10 * shown[0]}% ({done[0]} of ~{total} tokens)", err=True)
-
-    return tick
+    show_verdict(res, [] if as_json else verify_table(res), as_json)

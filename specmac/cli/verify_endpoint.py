@@ -7,8 +7,9 @@ import sys
 
 import click
 
-from specmac.cli.app import UserError, emit_json, sampling_params
+from specmac.cli.app import UserError, sampling_params
 from specmac.cli.profile import given
+from specmac.cli.render import show_verdict, tenths
 
 # verify's flags that describe a local pair: a server chooses its own model, draft and K
 LOCAL = {"target": "--target", "draft": "--draft", "target_model": "--target-model",
@@ -51,7 +52,7 @@ def verify_endpoints(endpoint: str, against: str, *, length: int | None, sequenc
         tol = ep.TOLERANCE if tolerance is None else tolerance
         res = ep.greedy_check(a, b, max_tokens=ep.GREEDY_TOKENS if sampled else length, tolerance=tol)
         if sampled:
-            tick = None if as_json else _tenths(2 * n * len(ep.DEFAULT_CONTEXTS))
+            tick = None if as_json else tenths(2 * n * len(ep.DEFAULT_CONTEXTS), "requests")
             res["sampled"] = ep.sampled_check(a, b, client.sampling_fields(params), n=n, length=length,
                                               seed=kw["seed"], progress=tick)
     finally:
@@ -59,24 +60,5 @@ def verify_endpoints(endpoint: str, against: str, *, length: int | None, sequenc
     res |= {"endpoint": a.public(), "against": b.public(), "sampling": params.to_dict()}
     text, failed = ep.verdict(res)
     res["verdict"] = text
-    if as_json:
-        emit_json(res)
-    else:
-        for line in ep.lines(res):
-            click.echo(line)
-        click.echo("")
-        click.echo(text)
+    show_verdict(res, [] if as_json else ep.lines(res), as_json)
     sys.exit(1 if failed else 0)
-
-
-def _tenths(total: int):
-    """A progress callback (requests done) that prints a line on stderr at each tenth."""
-    done, shown = [0], [0]
-
-    def tick(n: int) -> None:
-        done[0] += n
-        if 10 * done[0] >= (shown[0] + 1) * total:
-            shown[0] = min(10, 10 * done[0] // total)
-            click.echo(f"verify: {10 * shown[0]}% ({done[0]} of {total} requests)", err=True)
-
-    return tick

@@ -190,18 +190,25 @@ def test_serve_profile_serves_the_groups_first_choice(saved):
         _stop(proc)
 
 
+def _first(path: Path, where: Path, which, k: int | None = None) -> tuple[Path, dict]:
+    """The saved profile with its first group's configuration ``which(config)`` picks put first
+    (at K ``k`` where given), written to ``where``: -> (its path, that configuration)."""
+    prof = json.loads(path.read_text())
+    group = prof["groups"][0]
+    config = next(c for c in group["configurations"] if which(c))
+    if k is not None:
+        config["k"] = k
+    group["configurations"].remove(config)
+    group["configurations"].insert(0, config)
+    edited = where / "edited.json"
+    edited.write_text(json.dumps(prof))
+    return edited, config
+
+
 def test_serve_profile_loads_a_model_draft_at_its_k(saved, tmp_path):
     """The same with the draft model's configuration first (a profile edited by hand): it is what
     is served, at the profile's K, and it drafts."""
-    path, _, _ = saved
-    prof = json.loads(path.read_text())
-    group = prof["groups"][0]
-    config = next(c for c in group["configurations"] if c["draft"]["kind"] == "model")
-    config["k"] = 2
-    group["configurations"].remove(config)
-    group["configurations"].insert(0, config)
-    edited = tmp_path / "edited.json"
-    edited.write_text(json.dumps(prof))
+    edited, config = _first(saved[0], tmp_path, lambda c: c["draft"]["kind"] == "model", k=2)
     proc, url, lines = _serve(["--profile", str(edited)])
     try:
         assert "(the profile's first choice): gguf Q8_0 draft \u2192 gguf" in lines[2] and "K 2" in lines[2]
@@ -285,13 +292,7 @@ def test_advise_save_refusals(tmp_path, monkeypatch, extra, says):
 
 def test_run_profile_with_a_plain_first_choice(saved, tmp_path):
     """A plain configuration (K 0) runs at run's default K (no draft), not refused as --k auto would be."""
-    prof = json.loads(saved[0].read_text())
-    group = prof["groups"][0]
-    plain = next(c for c in group["configurations"] if c["draft"]["kind"] == "none")
-    group["configurations"].remove(plain)
-    group["configurations"].insert(0, plain)
-    edited = tmp_path / "plain.json"
-    edited.write_text(json.dumps(prof))
+    edited, plain = _first(saved[0], tmp_path, lambda c: c["draft"]["kind"] == "none")
     res = CliRunner().invoke(main, ["run", "--profile", str(edited), "--max-tokens", "3", "--json", PROMPT])
     assert res.exit_code == 0, res.output
     r = json.loads(res.stdout)
@@ -315,14 +316,7 @@ def test_a_lookup_or_hybrid_first_choice_loads_in_run_and_serve(saved, tmp_path,
     """advise ranks a lookup or a hybrid first often (a lookup needs no backend of its own, a
     hybrid's model does): run --profile and serve --profile load it at its K instead of calling
     its backend 'lookup' not installed."""
-    prof = json.loads(saved[0].read_text())
-    group = prof["groups"][0]
-    config = next(c for c in group["configurations"] if c["draft"]["backend"] == drafter)
-    config["k"] = 2
-    group["configurations"].remove(config)
-    group["configurations"].insert(0, config)
-    edited = tmp_path / "edited.json"
-    edited.write_text(json.dumps(prof))
+    edited, config = _first(saved[0], tmp_path, lambda c: c["draft"]["backend"] == drafter, k=2)
     res = CliRunner().invoke(main, ["run", "--profile", str(edited), "--max-tokens", "4", "--json", PROMPT])
     assert res.exit_code == 0, res.output
     r = json.loads(res.stdout)

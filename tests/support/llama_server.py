@@ -21,25 +21,16 @@ from tests.support.helpers import REPO, cli_env
 
 def serve(model: str, port: int) -> None:
     import uvicorn
-    from llama_cpp import llama as llama_module
     from llama_cpp.server.app import create_app
     from llama_cpp.server.settings import ModelSettings, ServerSettings
 
-    from specmac.backends.gguf_files import extra_bufts_safe
+    from specmac.backends.gguf_files import peer_defaults
 
-    lib, safe = llama_module.llama_cpp, extra_bufts_safe()
-    defaults = lib.llama_model_default_params
-
-    def params():
-        p = defaults()
-        p.use_extra_bufts = safe
-        return p
-
-    lib.llama_model_default_params = params
-    app = create_app(server_settings=ServerSettings(host="127.0.0.1", port=port),
-                     model_settings=[ModelSettings(model=model, model_alias="llama", n_ctx=512, n_threads=1,
-                                                   verbose=False)])
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    with peer_defaults():
+        app = create_app(server_settings=ServerSettings(host="127.0.0.1", port=port),
+                         model_settings=[ModelSettings(model=model, model_alias="llama", n_ctx=512,
+                                                       n_threads=1, verbose=False)])
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 def free_port() -> int:
