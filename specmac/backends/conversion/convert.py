@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import struct
 from pathlib import Path
 
 from specmac.backends.conversion import cache
@@ -28,6 +29,26 @@ def is_gguf(path: str | Path) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
+def check_gguf(path: str | Path) -> Path:
+    """The path of a file that starts as a GGUF file does, else ModelNotFound saying what it is."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ModelNotFound(f"{path} is a folder, not a GGUF file: torch and mlx load a Hugging Face "
+                            "folder as it is")
+    if not path.is_file():
+        what = "is not a file" if path.exists() else "does not exist"
+        raise ModelNotFound(f"{path} {what}: give a .gguf model file")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelNotFound(f"cannot read {path} ({e.strerror})") from None
+    if magic != GGUF_MAGIC:
+        raise ModelNotFound(f"{path} is not a GGUF file (it does not start with 'GGUF'): give a .gguf "
+                            "model file")
+    return path
+
+
 def needs(modules: tuple[str, ...], what: str, extra: str) -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
@@ -40,6 +61,7 @@ def gguf_to_hf(path: str | Path, dtype: str = "float32") -> tuple[Path, dict]:
     folder (config, weights, tokenizer): (folder, sidecar)."""
     if dtype not in HF_DTYPES:
         raise BadOption(f"dtype {dtype!r} is not one of {', '.join(HF_DTYPES)}", param="dtype")
+    path = check_gguf(path)
     needs(("torch", "transformers", "gguf", "accelerate"), "loading a GGUF file as a Hugging Face model",
           "convert")
     from importlib.metadata import version
@@ -67,7 +89,7 @@ def _gguf_to_hf(src: Path, out: Path, dtype: str) -> None:
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name,
                                                      dtype=getattr(torch, dtype))
-    except (OSError, ValueError, KeyError, NotImplementedError) as e:  # unsupported arch/type
+    except (OSError, ValueError, KeyError, NotImplementedError, struct.error) as e:  # unsupported, junk
         raise ModelNotFound(f"transformers cannot load {src}: {_first_line(e)}") from None
     finally:
         (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
