@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -48,6 +49,33 @@ def write_json(path: str | Path, record: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def place_folder(src: str | Path, dst: str | Path) -> bool:
+    """Put a copy of the folder ``src`` at ``dst`` (absent, or an empty folder) whole: hard links
+    where the file system allows, else copies, gathered in a hidden sibling then renamed to ``dst``,
+    so a failure leaves nothing there. True if every file is a hard link. OSError says what failed."""
+    src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    linked = True
+    try:
+        shutil.copymode(src, tmp)  # mkdtemp made it private
+        for s in sorted(src.rglob("*")):  # a folder before what it holds
+            d = tmp / s.relative_to(src)
+            if s.is_dir():
+                d.mkdir()
+                continue
+            try:
+                os.link(s, d)
+            except OSError:  # another file system, or links not allowed there
+                linked = False
+                shutil.copy2(s, d)
+        os.rename(tmp, dst)  # replaces an empty folder; refused over anything else
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return linked
 
 
 def cache_home() -> Path:

@@ -1,12 +1,16 @@
-"""``specmac models``: what the converted-model cache holds, and clearing it. A broken cache (a
-malformed sidecar, a link, a stray file, an entry that cannot be read or removed) is listed as what
-it is, and cleared as far as it can be, saying what was and was not removed."""
+"""``specmac models``: what the converted-model cache holds, converting a GGUF into it, and clearing
+it. A broken cache (a malformed sidecar, a link, a stray file, an entry that cannot be read or
+removed) is listed as what it is, and cleared as far as it can be, saying what was and was not
+removed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from specmac.cli.app import UserError, emit_json, main
+from specmac.backends.conversion.convert import HF_DTYPES
+from specmac.cli.app import DISK_FULL, UserError, emit_json, main
 
 
 def _size(n: float | None) -> str:
@@ -106,3 +110,55 @@ def clear(names, clear_all, as_json):
     if failed:
         raise UserError(f"could not remove {len(failed)} of {len(removed) + len(failed)}: "
                         + "; ".join(f"{n}: {why}" for n, why in failed.items()))
+
+
+@models.command()
+@click.argument("file", type=click.Path(path_type=Path), metavar="FILE.gguf")
+@click.option("--out", type=click.Path(path_type=Path), metavar="DIR",
+              help="Also place the folder at DIR, a new or empty folder (hard links to the cached "
+                   "files; a copy across file systems).")
+@click.option("--dtype", type=click.Choice(HF_DTYPES), default="float32", show_default=True,
+              help="Precision the GGUF's weights are dequantised to.")
+@click.option("--json", "as_json", is_flag=True, help="Print the folder and its source as JSON.")
+def convert(file, out, dtype, as_json):
+    """Turn FILE.gguf into a Hugging Face folder (config, safetensors weights, tokenizer), made once
+    in the cache, where torch and mlx find it when given the GGUF; prints the folder's path. Needs
+    pip install 'specmac[convert]'."""
+    from specmac.backends.conversion import convert as conversion
+    from specmac.files import place_folder
+
+    source = conversion.check_gguf(file)
+    if out is not None:
+        _check_out(out)
+    folder, meta = conversion.gguf_to_hf(source, dtype)
+    linked = None
+    if out is not None:
+        try:
+            linked = place_folder(folder, out)
+        except OSError as e:
+            if e.errno in DISK_FULL:
+                raise
+            raise UserError(f"cannot place the folder at --out {out} ({e.strerror or e}): it is made, "
+                            f"in {folder}") from None
+    if as_json:
+        emit_json({"path": str(folder), "out": None if out is None else str(out),
+                   **{k: meta.get(k) for k in ("what", "source", "source_sha256", "created_utc")}})
+        return
+    click.echo(f"{folder}\n  {meta.get('what')} from {meta.get('source')} "
+               f"(sha256 {str(meta.get('source_sha256'))[:12]})")
+    if out is not None:
+        click.echo(f"  {'linked' if linked else 'copied'} into {out}")
+
+
+def _check_out(out: Path) -> None:
+    """--out is a new or an empty folder: checked before converting, so a mistake costs nothing."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UserError(f"--out {out} is {'a link' if out.is_symlink() else 'not a folder'}: give a new "
+                        "or empty folder")
+    try:
+        full = out.is_dir() and any(out.iterdir())
+    except OSError as e:
+        raise UserError(f"cannot read --out {out} ({e.strerror}): give a new or empty folder") from None
+    if full:
+        raise UserError(f"--out {out} is not empty: give a new or empty folder (nothing is written over "
+                        "other files)")
