@@ -3,6 +3,8 @@
     python bench/ab.py --before ../before [--models-dir DIR] --out results/planner/MACHINE/q4_k_m
     python bench/ab.py --before ../before --models-dir M --target-backend torch \
         --target-model M/qwen2.5-coder-1.5b-instruct-hf-bf16 --target-opt dtype=bfloat16 --out DIR
+    (the folder: specmac models convert M/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --dtype bfloat16 \
+        --out M/qwen2.5-coder-1.5b-instruct-hf-bf16)
 
 Each checkout runs in a process of its own (its specmac first on PYTHONPATH), loads the target and
 the draft once, and serves one generation at a time; the driver sends every (prompt, round,

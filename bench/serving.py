@@ -4,6 +4,8 @@
     python bench/serving.py --models-dir M --target M/qwen2.5-coder-1.5b-instruct-f16.gguf --out DIR
     python bench/serving.py --models-dir M --target-backend torch --target-opt dtype=bfloat16 \\
         --target M/qwen2.5-coder-1.5b-instruct-hf-bf16 --out DIR
+    (the folder: specmac models convert M/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --dtype bfloat16 \\
+        --out M/qwen2.5-coder-1.5b-instruct-hf-bf16)
     python bench/serving.py --scenarios streams --streams 1,2,4,8 ...   # one scenario
 
 Scenarios (``--scenarios``, default all), streaming and greedy throughout:

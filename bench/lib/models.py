@@ -3,7 +3,7 @@
 The folder is $SPECMAC_MODELS, default ~/.cache/specmac/models. It holds the official
 Qwen2.5-Coder Instruct Q4_K_M GGUF files (../shared/models/materialize.sh DIR qwen, SHA-256
 checked) and, for the mlx and torch backends, HF folders converted from them
-(bench/convert_gguf_to_hf.py FILE DIR/<name>-hf). Every script that takes --models-dir defaults
+(specmac models convert FILE --out DIR/<name>-hf). Every script that takes --models-dir defaults
 to ``models_dir()``.
 """
 
