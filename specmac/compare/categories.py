@@ -76,6 +76,12 @@ def by_category(runs: list[dict]) -> list[dict]:
                     if (x := normalised_speedup(r, by_key.get((r["prompt"], r["round"])))) is not None]
             row["normalised_speedup"] = float(np.median(norm)) if norm else None
             row["n_normalised"] = len(norm)
+            # per run over its plain run: one stalled run cannot carry the median, as it can the pool
+            paired = [r["tokens_per_second"] / b["tokens_per_second"] for r in rs
+                      if (b := by_key.get((r["prompt"], r["round"]))) and r.get("tokens_per_second")
+                      and b.get("tokens_per_second")]
+            row["median_speedup"] = float(np.median(paired)) if paired else None
+            row["speedup_range"] = [min(paired), max(paired)] if paired else None
             rows.append(row)
     return rows
 
@@ -110,25 +116,36 @@ def _fmt(v: float | None, spec: str, unit: str = "") -> str:
     return "\u2013" if v is None else f"{v:{spec}}{unit}"
 
 
+def _median_cell(row: dict) -> str:
+    lo_hi = row.get("speedup_range")
+    if row.get("median_speedup") is None or not lo_hi:
+        return "\u2013"
+    return f"{row['median_speedup']:.2f}\u00d7 ({lo_hi[0]:.2f}\u2013{lo_hi[1]:.2f})"
+
+
 def category_markdown(rows: list[dict]) -> list[str]:
     """The per-category section of summary.md (nothing for a record without categories)."""
     if not rows or {r["category"] for r in rows} <= {"", ALL}:
         return []
     out = ["## Per category", "",
            "Pooled over the category's runs; speedup over the same target's plain decoding of the same "
-           "prompts and rounds; normalised: the median run's tokens/s in units of its own plain steps, so "
+           "prompts and rounds; median run speedup: the median over runs of each run's tokens/s over plain's "
+           "run of the same prompt and round (one stalled run cannot carry it), lowest and highest in "
+           "brackets; normalised: the median run's tokens/s in units of its own plain steps, so "
            "at the machine's speed while it ran (runs with too few plain steps: \u2013); end to end counts "
            "the target's prefill of the prompt too; **all** pools every category (weighted by tokens).", "",
-           "| category | configuration | K | tokens | tokens/s | speedup | normalised | "
-           "end-to-end tokens/s | end-to-end speedup | acceptance | tokens/pass | steps by source |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| category | configuration | K | tokens | tokens/s | speedup | median run speedup (range) | "
+           "normalised | end-to-end tokens/s | end-to-end speedup | acceptance | tokens/pass | "
+           "steps by source |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         cat = f"**{r['category']}**" if r["category"] == ALL else r["category"] or "(none)"
         src = ", ".join(f"{k} {v}" for k, v in (r["sources"] or {}).items()) or "\u2013"
         out.append(f"| {cat} | {r['config']} | {r['k'] or '–'} | {r['n_tokens']} | "
                    f"{_fmt(r['tokens_per_second'], '.1f')} | {_fmt(r.get('speedup'), '.2f', '×')} | "
-                   f"{_fmt(r.get('normalised_speedup'), '.2f', '×')} | "
+                   f"{_median_cell(r)} | {_fmt(r.get('normalised_speedup'), '.2f', '×')} | "
                    f"{_fmt(r['end_to_end_tokens_per_second'], '.1f')} | "
                    f"{_fmt(r.get('end_to_end_speedup'), '.2f', '×')} | {_fmt(r['acceptance_rate'], '.3f')} | "
                    f"{_fmt(r['tokens_per_target_pass'], '.2f')} | {src} |")
     return out + [""]
+

@@ -170,3 +170,16 @@ def test_the_normalised_speedup_takes_the_machines_drift_out():
     row = rows[("lookup:t:k2", "x")]
     assert row["normalised_speedup"] == pytest.approx(1.2) and row["n_normalised"] == 1
     assert row["speedup"] == pytest.approx(0.8)
+
+
+def test_the_median_run_speedup_is_not_carried_by_one_stalled_run():
+    """Three rounds at 2x plain and one stalled at 0.2x: pooled, the stall's long seconds pull the
+    category under 1.3x; the median over runs stays at 2x."""
+    runs = []
+    for rnd, (secs, tps) in enumerate([(0.5, 20.0)] * 3 + [(5.0, 2.0)]):
+        runs += [_run("none", "a", "x", 10, 10.0, 1.0, rnd=rnd),
+                 _run("ngram", "a", "x", 10, tps, secs, rnd=rnd)]
+    row = next(r for r in by_category(runs) if r["config"] == "ngram:t:k2" and r["category"] == "x")
+    assert row["speedup"] == pytest.approx(40 / 6.5 / 10)
+    assert row["median_speedup"] == pytest.approx(2.0) and row["speedup_range"] == pytest.approx([0.2, 2.0])
+
