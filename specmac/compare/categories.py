@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specmac.compare.settings import PLAIN
+from specmac.compare.settings import AUTO, PLAIN
+from specmac.core.sources import FREE
 
 ALL = "all"
 # a run's own plain steps time the machine where it made at least this many
@@ -76,6 +77,12 @@ def by_category(runs: list[dict]) -> list[dict]:
                     if (x := normalised_speedup(r, by_key.get((r["prompt"], r["round"])))) is not None]
             row["normalised_speedup"] = float(np.median(norm)) if norm else None
             row["n_normalised"] = len(norm)
+            # per run over its plain run: one stalled run cannot carry the median, as it can the pool
+            paired = [r["tokens_per_second"] / b["tokens_per_second"] for r in rs
+                      if (b := by_key.get((r["prompt"], r["round"]))) and r.get("tokens_per_second")
+                      and b.get("tokens_per_second")]
+            row["median_speedup"] = float(np.median(paired)) if paired else None
+            row["speedup_range"] = [min(paired), max(paired)] if paired else None
             rows.append(row)
     return rows
 
@@ -110,25 +117,147 @@ def _fmt(v: float | None, spec: str, unit: str = "") -> str:
     return "\u2013" if v is None else f"{v:{spec}}{unit}"
 
 
+def _median_cell(row: dict) -> str:
+    lo_hi = row.get("speedup_range")
+    if row.get("median_speedup") is None or not lo_hi:
+        return "\u2013"
+    return f"{row['median_speedup']:.2f}\u00d7 ({lo_hi[0]:.2f}\u2013{lo_hi[1]:.2f})"
+
+
 def category_markdown(rows: list[dict]) -> list[str]:
     """The per-category section of summary.md (nothing for a record without categories)."""
     if not rows or {r["category"] for r in rows} <= {"", ALL}:
         return []
     out = ["## Per category", "",
            "Pooled over the category's runs; speedup over the same target's plain decoding of the same "
-           "prompts and rounds; normalised: the median run's tokens/s in units of its own plain steps, so "
+           "prompts and rounds; median run speedup: the median over runs of each run's tokens/s over plain's "
+           "run of the same prompt and round (one stalled run cannot carry it), lowest and highest in "
+           "brackets; normalised: the median run's tokens/s in units of its own plain steps, so "
            "at the machine's speed while it ran (runs with too few plain steps: \u2013); end to end counts "
            "the target's prefill of the prompt too; **all** pools every category (weighted by tokens).", "",
-           "| category | configuration | K | tokens | tokens/s | speedup | normalised | "
-           "end-to-end tokens/s | end-to-end speedup | acceptance | tokens/pass | steps by source |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| category | configuration | K | tokens | tokens/s | speedup | median run speedup (range) | "
+           "normalised | end-to-end tokens/s | end-to-end speedup | acceptance | tokens/pass | "
+           "steps by source |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         cat = f"**{r['category']}**" if r["category"] == ALL else r["category"] or "(none)"
         src = ", ".join(f"{k} {v}" for k, v in (r["sources"] or {}).items()) or "\u2013"
         out.append(f"| {cat} | {r['config']} | {r['k'] or '–'} | {r['n_tokens']} | "
                    f"{_fmt(r['tokens_per_second'], '.1f')} | {_fmt(r.get('speedup'), '.2f', '×')} | "
-                   f"{_fmt(r.get('normalised_speedup'), '.2f', '×')} | "
+                   f"{_median_cell(r)} | {_fmt(r.get('normalised_speedup'), '.2f', '×')} | "
                    f"{_fmt(r['end_to_end_tokens_per_second'], '.1f')} | "
                    f"{_fmt(r.get('end_to_end_speedup'), '.2f', '×')} | {_fmt(r['acceptance_rate'], '.3f')} | "
                    f"{_fmt(r['tokens_per_target_pass'], '.2f')} | {src} |")
     return out + [""]
+
+
+# --- the hybrid's budget: each draft at K auto and at its best fixed K, the hybrid against its rivals
+
+MEASURES = (("speedup", "decoding"), ("normalised_speedup", "normalised"),
+            ("end_to_end_speedup", "end to end"))
+
+
+def _budget_groups(rows: list[dict]) -> list[tuple[str, list[str], list[str]]]:
+    """(target, its drafts, its categories) for each target measured with a hybrid ("FREE+BACKEND")."""
+    out = []
+    for target in dict.fromkeys(r["target"] for r in rows if "+" in r["draft"]):
+        mine = [r for r in rows if r["target"] == target and r["category"] != ALL]
+        drafts = [d for d in dict.fromkeys(r["draft"] for r in mine) if d != PLAIN]
+        out.append((target, drafts, list(dict.fromkeys(r["category"] for r in mine))))
+    return out
+
+
+def _rivals(hybrid: str, drafts: list[str]) -> list[str]:
+    """What a hybrid must beat besides plain decoding: every model draft and its own free source."""
+    return [d for d in drafts if d == hybrid.split("+")[0] or (d not in FREE and "+" not in d)]
+
+
+def _at(rows: list[dict], target: str, cat: str, draft: str, key: str) -> tuple[dict | None, dict | None]:
+    """(the row at K auto, the row at the best fixed K by decoding tokens/s) of one draft; for the
+    normalised measure a row without one takes its pooled paired speedup ("paired_only")."""
+    here = [r for r in rows if r["target"] == target and r["category"] == cat and r["draft"] == draft]
+    if key == "normalised_speedup":
+        here = [r if r.get(key) is not None or r.get("speedup") is None
+                else r | {key: r["speedup"], "paired_only": True} for r in here]
+    auto = next((r for r in here if r["k"] == AUTO), None)
+    best = max((r for r in here if r["k"] != AUTO and r.get("speedup")), key=lambda r: r["speedup"],
+               default=None)
+    return auto, best
+
+
+def hybrid_checks(rows: list[dict]) -> list[dict]:
+    """Per target, measure, category and hybrid: its speedup at K auto over the best of plain
+    decoding (1.0), every model draft and its own free source (each at K auto): above 1, the
+    hybrid beat every one of them there. ``rows``: ``by_category``'s; "all" is not checked (it pools
+    the categories by tokens, and the question is which category the hybrid pays on)."""
+    out = []
+    for target, drafts, cats in _budget_groups(rows):
+        for key, label in MEASURES:
+            for cat in cats:
+                auto = {d: _at(rows, target, cat, d, key)[0] for d in drafts}
+                for h in (d for d in drafts if "+" in d):
+                    rivals = {PLAIN: 1.0} | {d: auto[d][key] for d in _rivals(h, drafts)
+                                             if auto[d] and auto[d].get(key)}
+                    best = max(rivals, key=lambda d: rivals[d])
+                    mine = auto[h][key] if auto[h] and auto[h].get(key) else None
+                    out.append({"target": target, "category": cat, "measure": label, "hybrid": h,
+                                "hybrid_speedup": mine, "rivals": rivals, "best_rival": best,
+                                "ratio_to_best": mine / rivals[best] if mine else None})
+    return out
+
+
+def _cell(row: dict | None, key: str) -> str:
+    if not row or row.get(key) is None:
+        return "\u2013"
+    if key == "normalised_speedup":
+        return f"{row[key]:.2f}\u00d7" + ("*" if row.get("paired_only") else "")
+    return f"{row[key]:.2f}\u00d7 ({row[key.replace('speedup', 'tokens_per_second')]:.1f})"
+
+
+def budget_markdown(rows: list[dict]) -> list[str]:
+    """summary.md's section for a record with categories and a hybrid (else nothing): per category,
+    each draft at K auto and at its best fixed K, the hybrid against its rivals (``hybrid_checks``)
+    by decoding, normalised and end-to-end speed, and which source the hybrid's steps took."""
+    groups = _budget_groups(rows)
+    if not groups or {c for _, _, cats in groups for c in cats} <= {""}:
+        return []
+    checks = {(c["target"], c["measure"], c["category"], c["hybrid"]): c for c in hybrid_checks(rows)}
+    out = ["## Per category: K auto, the best fixed K, the hybrid against its rivals", ""]
+    for target, drafts, cats in groups:
+        where = f", target {target}" if len(groups) > 1 else ""
+        for key, label in MEASURES:
+            out += _budget_table(rows, checks, target, drafts, cats, key, label, where)
+        hybrids = [d for d in drafts if "+" in d]
+        out += [f"### Which source the hybrid's steps took (K auto{where})", "",
+                "| category | " + " | ".join(hybrids) + " |", "|---|" + "---|" * len(hybrids)]
+        for cat in cats:
+            steps = [_at(rows, target, cat, h, "speedup")[0] for h in hybrids]
+            out.append(f"| {cat or '(none)'} | " + " | ".join(_sources(r) for r in steps) + " |")
+        out.append("")
+    return out
+
+
+def _budget_table(rows: list[dict], checks: dict, target: str, drafts: list[str], cats: list[str],
+                  key: str, label: str, where: str) -> list[str]:
+    hybrids = [d for d in drafts if "+" in d]
+    head = ["category", "plain tokens/s"] + [f"{d} {w}" for d in drafts for w in ("auto", "best fixed K")]
+    head += [f"{h} auto / best of plain, {', '.join(_rivals(h, drafts))} (auto)" for h in hybrids]
+    note = (" (the median run's; * where its runs made too few plain steps to time the machine: the "
+            "pooled paired speedup)") if key == "normalised_speedup" else " (tokens/s in brackets)"
+    out = [f"### Speedup over plain, {label}{where}{note}", "",
+           "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    tps = "end_to_end_tokens_per_second" if key == "end_to_end_speedup" else "tokens_per_second"
+    for cat in cats:
+        plain = next((r for r in rows if (r["target"], r["category"], r["draft"]) == (target, cat, PLAIN)),
+                     None)
+        cells = [cat or "(none)", _fmt(plain.get(tps) if plain else None, ".1f")]
+        for d in drafts:
+            auto, best = _at(rows, target, cat, d, key)
+            cells += [_cell(auto, key), f"{_cell(best, key)} K={best['k']}" if best else "\u2013"]
+        cells += [_fmt(checks[target, label, cat, h]["ratio_to_best"], ".2f", "\u00d7") for h in hybrids]
+        out.append("| " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def _sources(row: dict | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in ((row or {}).get("sources") or {}).items()) or "\u2013"

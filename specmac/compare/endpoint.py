@@ -179,7 +179,7 @@ def empty_record(settings: Settings, command: str | None) -> dict:
 
     return {"format": FORMAT, "provenance": provenance(command, models=[]), "settings": settings.to_dict(),
             "backends": {}, "interrupted": False, "complete": True, "predictions": {}, "skipped_pairs": [],
-            "results": [], "categories": [], "runs": []}
+            "results": [], "categories": [], "hybrid_checks": [], "runs": []}
 
 
 def with_endpoints(record: dict, endpoints: list[client.Endpoint], runs: list[dict], *, interrupted: bool,

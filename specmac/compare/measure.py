@@ -26,7 +26,7 @@ import numpy as np
 from specmac.advise.pairing import advise_pair
 from specmac.api import Pair
 from specmac.backends import BaseBackend, load_backend
-from specmac.compare.categories import by_category, normalised_speedup
+from specmac.compare.categories import by_category, hybrid_checks, normalised_speedup
 from specmac.compare.prompts import N_ADVISE as ADVISE_PROMPTS
 from specmac.compare.results import provenance
 from specmac.compare.settings import (  # noqa: F401  (compare's settings, re-exported)
@@ -314,10 +314,11 @@ def run_compare(settings: Settings, *, command: str | None = None,
         if complete and settings.params.greedy:
             diagnose_greedy(results, runs, settings, loaded)
         attach_predictions(results, predictions)
+        cats = by_category(runs)
         return {"format": FORMAT, "provenance": prov, "settings": settings.to_dict(), "backends": backends,
                 "interrupted": interrupted, "complete": complete, "predictions": predictions,
-                "skipped_pairs": loaded.skipped,
-                "results": results, "categories": by_category(runs), "runs": runs}
+                "skipped_pairs": loaded.skipped, "results": results, "categories": cats,
+                "hybrid_checks": hybrid_checks(cats), "runs": runs}
 
     save = None if checkpoint is None else (lambda runs: checkpoint(record(runs, False, False)))
     runs, interrupted = measure(settings, loaded, progress, save)

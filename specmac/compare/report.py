@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from specmac.compare import endpoint_report
-from specmac.compare.categories import category_markdown
+from specmac.compare.categories import budget_markdown, category_markdown
 from specmac.compare.measure import ADVISE_PROMPTS, AUTO, FORMAT, PLAIN
 from specmac.compare.results import CPU_FEATURES
 from specmac.errors import BadOption
@@ -170,7 +170,8 @@ def summary_markdown(record: dict) -> str:
         lines.append(f"| {label(r)} | {r['k']} | {fmt(med(r['tokens_per_second']), '.1f')} | "
                      f"{fmt(med(r['speedup']), '.2f', '×')} | {fmt(r['acceptance_rate'], '.3f')} | "
                      f"{adv.get('best_k', '–')} | {fmt(adv.get('predicted_speedup'), '.2f', '×')} |")
-    lines += [""] + category_markdown(record.get("categories") or []) + endpoint_report.markdown(record)
+    cats = record.get("categories") or []
+    lines += [""] + category_markdown(cats) + budget_markdown(cats) + endpoint_report.markdown(record)
     lines += ["## Every configuration", ""]
     for target in dict.fromkeys(r["target"] for r in record["results"]):
         lines += _target_table(record, target)

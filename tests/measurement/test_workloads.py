@@ -170,3 +170,72 @@ def test_the_normalised_speedup_takes_the_machines_drift_out():
     row = rows[("lookup:t:k2", "x")]
     assert row["normalised_speedup"] == pytest.approx(1.2) and row["n_normalised"] == 1
     assert row["speedup"] == pytest.approx(0.8)
+
+
+def test_the_median_run_speedup_is_not_carried_by_one_stalled_run():
+    """Three rounds at 2x plain and one stalled at 0.2x: pooled, the stall's long seconds pull the
+    category under 1.3x; the median over runs stays at 2x."""
+    runs = []
+    for rnd, (secs, tps) in enumerate([(0.5, 20.0)] * 3 + [(5.0, 2.0)]):
+        runs += [_run("none", "a", "x", 10, 10.0, 1.0, rnd=rnd),
+                 _run("ngram", "a", "x", 10, tps, secs, rnd=rnd)]
+    row = next(r for r in by_category(runs) if r["config"] == "ngram:t:k2" and r["category"] == "x")
+    assert row["speedup"] == pytest.approx(40 / 6.5 / 10)
+    assert row["median_speedup"] == pytest.approx(2.0) and row["speedup_range"] == pytest.approx([0.2, 2.0])
+
+
+def _cat(draft, k, cat, speedup, sources=None):
+    """A row of by_category's, as the budget reads it (normalised and end to end from the decoding
+    speedup: a run's own plain steps are not the budget's business)."""
+    return {"config": f"{draft}:t:k{k}", "draft": draft, "target": "t", "k": k, "category": cat,
+            "speedup": speedup, "normalised_speedup": speedup, "end_to_end_speedup": speedup * 0.9,
+            "tokens_per_second": 10 * speedup, "end_to_end_tokens_per_second": 9 * speedup,
+            "sources": sources}
+
+
+def test_the_hybrid_is_held_to_the_best_of_plain_its_model_draft_and_its_lookup():
+    """edit: the model draft at K auto is the best rival (not its better fixed K, not ngram, which is
+    not one of the hybrid's sources); chat: every draft is under plain, so plain (1.0) is the bar."""
+    from specmac.compare.categories import budget_markdown, hybrid_checks
+
+    rows = []
+    for cat, (gguf, gguf4, lookup, ngram, hybrid) in (
+            ("edit", (1.5, 1.8, 1.2, 2.0, 1.65)), ("chat", (0.8, 0.85, 0.9, 0.7, 0.95))):
+        rows += [_cat("none", 0, cat, 1.0) | {"config": "none:t"},
+                 _cat("gguf", "auto", cat, gguf), _cat("gguf", 4, cat, gguf4),
+                 _cat("lookup", "auto", cat, lookup), _cat("ngram", "auto", cat, ngram),
+                 _cat("lookup+gguf", "auto", cat, hybrid, {"lookup": 20, "gguf": 3, "none": 7})]
+    rows += [_cat("lookup+gguf", "auto", ALL, 9.9)]  # "all" is not a category to check
+    checks = {(c["category"], c["measure"]): c for c in hybrid_checks(rows)}
+    assert {cat for cat, _ in checks} == {"edit", "chat"}
+    edit, chat = checks[("edit", "decoding")], checks[("chat", "decoding")]
+    assert edit["best_rival"] == "gguf" and edit["ratio_to_best"] == pytest.approx(1.1)
+    assert edit["rivals"] == {"none": 1.0, "gguf": 1.5, "lookup": 1.2}
+    assert chat["best_rival"] == "none" and chat["ratio_to_best"] == pytest.approx(0.95)
+    assert checks[("edit", "end to end")]["ratio_to_best"] == pytest.approx(1.1)
+    text = "\n".join(budget_markdown(rows))
+    assert "| edit | 10.0 | 1.50× (15.0) | 1.80× (18.0) K=4 |" in text
+    assert "lookup+gguf auto / best of plain, gguf, lookup (auto)" in text
+    assert "| chat | 9.0 | " in text.split("end to end")[1]  # plain's end-to-end tokens/s there
+    assert "| edit | lookup 20, gguf 3, none 7 |" in text
+    # no hybrid, or no categories: no section
+    assert budget_markdown([r for r in rows if "+" not in r["draft"]]) == []
+    assert budget_markdown([r | {"category": ""} for r in rows if r["category"] != ALL]) == []
+
+
+def test_compare_with_a_hybrid_writes_its_budget(tmp_path):
+    out = tmp_path / "cmp"
+    res = CliRunner().invoke(main, ["compare", "--pair", "lookup:synthetic",
+                                    "--pair", "lookup+synthetic:synthetic", "--k", "2,auto",
+                                    "--repeats", "1", "--max-tokens", "6",
+                                    "--prompts", "specmac:workload", "--categories", "code_editing,qa",
+                                    "--per-category", "1", *SYN, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    record = json.loads((out / "results.json").read_text())
+    checks = record["hybrid_checks"]
+    assert {(c["category"], c["measure"]) for c in checks} == {
+        (cat, m) for cat in ("code_editing", "qa") for m in ("decoding", "normalised", "end to end")}
+    assert all(set(c["rivals"]) == {"none", "lookup"} for c in checks)
+    text = (out / "summary.md").read_text()
+    assert "## Per category: K auto, the best fixed K, the hybrid against its rivals" in text
+    assert "lookup+synthetic auto / best of plain, lookup (auto)" in text
