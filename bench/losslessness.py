@@ -2,6 +2,10 @@
 
     python bench/losslessness.py [--models-dir DIR] [--tokens 10000] [--out results/losslessness]
     python bench/losslessness.py --embedded --tokens 600 --out /tmp/lossless   # a smoke run
+    python bench/losslessness.py samplers [--models-dir DIR] [--out results/samplers]
+
+``samplers``: what the coupled sampler costs beside the rejection rule on the same pair (acceptance,
+tokens/s, the seed-exact check, the per-position cost of its noise): bench/lib/samplers.py.
 
 Default pairings: Qwen2.5-Coder 0.5B -> 1.5B Q4_K_M (../shared/models/materialize.sh DIR qwen),
 gguf -> gguf and gguf draft -> torch bf16 target (the 1.5B GGUF file dequantised to bf16 by the torch
@@ -45,6 +49,11 @@ def pairings(args) -> dict[str, dict]:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["samplers"]:
+        from lib.samplers import main as samplers
+
+        samplers(sys.argv[2:])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_models_dir(ap)
     ap.add_argument("--embedded", action="store_true", help="the embedded tiny pair instead of Qwen")

@@ -1,6 +1,6 @@
 """The coupled sampler's price on the real pair: acceptance and tokens/s against the rejection rule.
 
-    python bench/samplers.py [--models-dir DIR] [--out results/samplers]
+    python bench/losslessness.py samplers [--models-dir DIR] [--out results/samplers]
 
 Qwen2.5-Coder 0.5B Q4_K_M (gguf draft) in front of 1.5B Q4_K_M (gguf target). Per temperature (0.7
 and 1), both samplers, target-only and speculative at each K, all on the same prompts and seeds,
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from lib.machine import take_machine
 from lib.models import QWEN_05B_GGUF, QWEN_15B_GGUF, add_models_dir
-
 from specmac.api import Pair
 from specmac.backends import load_backend
 from specmac.compare.results import provenance, write_json
@@ -125,8 +125,9 @@ def noise_cost(V: int, n: int = 200) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="bench/losslessness.py samplers",
+                                 description=__doc__.splitlines()[0])
     add_models_dir(ap)
     ap.add_argument("--out", type=Path, default=Path("results/samplers"))
     ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4])
@@ -138,7 +139,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420,
                     help="stop measuring after the round that passes it")
     ap.add_argument("--plot-only", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.plot_only:
         return render(json.loads((args.out / "results.json").read_text()), args.out)
     take_machine()
@@ -154,7 +155,8 @@ def main() -> None:
     exact = exact_check(pair, params=SamplingParams(1.0), n_sequences=args.exact_sequences, length=32,
                         k=max(args.ks))
     exact.pop("sequences")
-    out = {"provenance": provenance(" ".join(sys.argv), models=files),
+    command = " ".join(["python", "bench/losslessness.py", "samplers", *argv])
+    out = {"provenance": provenance(command, models=files),
            "target_info": target.info(), "draft_info": draft.info(), "prompts": PROMPTS[: args.n_prompts],
            "max_tokens": args.max_tokens, "repeats": args.repeats, "ks": args.ks,
            "measure_seconds": t_measure, "load_average_before": load_before,
