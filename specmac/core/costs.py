@@ -240,6 +240,8 @@ class Costs:
         self.draft_prior = {k: float(v) for k, v in (t_draft or {}).items()}
         self.prefill_rate = {k: float(v) for k, v in (prefill or {}).items()}
         self.draft_seen: dict[str, list[float]] = {}  # name -> [passes, seconds] timed by the run
+        # name -> lanes -> [passes, seconds]: passes drafting for several sequences at once
+        self.draft_wide: dict[str, dict[int, list[float]]] = {}
         self.note = note  # how the measured costs were come by (the run's stats)
         self._curve: np.ndarray | None = None
 
@@ -276,13 +278,25 @@ class Costs:
         idx = np.where(np.isnan(mean), 0, np.arange(len(mean)))
         return mean[np.maximum.accumulate(idx)]  # each unseen width: the nearest narrower seen one
 
-    def draft(self, name: str) -> float:
-        """Seconds of one pass of the draft model ``name`` (0 where neither measured nor timed)."""
+    def draft(self, name: str, lanes: int = 1) -> float:
+        """Seconds of one pass of the draft model ``name`` (0 where neither measured nor timed).
+        ``lanes`` > 1: of one pass drafting for that many sequences at once (``pass_streams``),
+        read off the passes the run timed at each number of lanes, one sequence's included, by
+        straight lines between them (beyond the most lanes timed: the pass for that many)."""
         n, t = self.draft_seen.get(name, (0.0, 0.0))
         prior = self.draft_prior.get(name)
-        if prior is not None:
-            return (prior + t) / (1 + n)
-        return t / n if n else 0.0
+        one = (prior + t) / (1 + n) if prior is not None else t / n if n else 0.0
+        wide = self.draft_wide.get(name)
+        if lanes <= 1 or not wide:
+            return one
+        xs = sorted(wide)
+        return float(np.interp(lanes, [1, *xs], [one, *(wide[m][1] / wide[m][0] for m in xs)]))
+
+    def lanes(self, name: str, lanes: int) -> float:
+        """What a pass of ``name`` drafting for ``lanes`` sequences costs against one sequence's
+        (1 where one sequence's pass is not known)."""
+        one = self.draft(name)
+        return self.draft(name, lanes) / one if lanes > 1 and one > 0 else 1.0
 
     def knows(self, name: str) -> bool:
         """Can a step of the draft model ``name`` be weighed in seconds yet?"""
@@ -303,10 +317,12 @@ class Costs:
             self.resid = float(np.median([0.0, *self.resids]))
         self._curve = None
 
-    def observe_draft(self, name: str, passes: int, seconds: float) -> None:
-        """``passes`` one-token passes of the draft model ``name`` took ``seconds``."""
+    def observe_draft(self, name: str, passes: int, seconds: float, lanes: int = 1) -> None:
+        """``passes`` one-token passes of the draft model ``name`` took ``seconds``, each drafting
+        for ``lanes`` sequences at once."""
         if passes > 0 and seconds > 0:
-            seen = self.draft_seen.setdefault(name, [0.0, 0.0])
+            seen = (self.draft_seen.setdefault(name, [0.0, 0.0]) if lanes <= 1
+                    else self.draft_wide.setdefault(name, {}).setdefault(lanes, [0.0, 0.0]))
             seen[0] += passes
             seen[1] += seconds
 
@@ -316,4 +332,7 @@ class Costs:
         return {"measured_widths": self.measured, "note": self.note,
                 "t_target_ms": [float(x) * 1e3 for x in c[1:top + 1]] if self.timed else [],
                 "t_draft_ms": {k: self.draft(k) * 1e3 for k in sorted({*self.draft_prior, *self.draft_seen})},
-                "prefill_ms_per_token": {k: v * 1e3 for k, v in sorted(self.prefill_rate.items())}}
+                "prefill_ms_per_token": {k: v * 1e3 for k, v in sorted(self.prefill_rate.items())},
+                **({"t_draft_lanes_ms": {k: {m: t / n * 1e3 for m, (n, t) in sorted(v.items())}
+                                         for k, v in sorted(self.draft_wide.items())}}
+                   if self.draft_wide else {})}

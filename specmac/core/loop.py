@@ -28,7 +28,7 @@ import numpy as np
 
 from specmac.backends import BaseBackend
 from specmac.core.drafters import Drafter, OneHotRows, common_prefix
-from specmac.core.planner import K_DEFAULT, Offer, Planner, Record
+from specmac.core.planner import K_DEFAULT, Costs, Offer, Planner, Record
 from specmac.core.rejection import AcceptRule, accept_greedy, accept_sampled
 from specmac.core.sampling import GumbelNoise, PerturbedRows, SamplingParams, WarpedRows
 from specmac.errors import BadTokens, ContextOverflow
@@ -199,18 +199,17 @@ class Stream:
                 drafts = drafts + ext[1]
                 q = None if q is None else [*q, *OneHotRows(ext[1], V)]
         t_draft = self._t_ask + self._clock.lap()
-        self._step = (ask, choice, drafts, q, ext, step, t_draft)
+        self._step = (ask, choice, drafts, q, ext, step, t_draft, drafted is not None)
         return [seq[-1], *drafts]
 
     def take(self, logits: np.ndarray, *, t_pass: float | None = None, n_batch: int = 1) -> Event:
         """The pass's rows for this stream's tokens -> the step's event. ``t_pass``: the seconds of
         a pass shared with other streams (the caller reports its cost, ``Costs.observe``);
         None: the pass was this stream's alone, timed since ``draft`` and reported here."""
-        ask, choice, drafts, q, ext, step, t_draft = self._step
-        if t_pass is None:
-            t_target = self._clock.lap()
-        else:
-            t_target, self._clock = t_pass, _Clock(self.now)
+        ask, choice, drafts, q, ext, step, t_draft, shared = self._step
+        t_target = self._clock.lap() if t_pass is None else t_pass
+        if t_pass is not None:
+            self._clock = _Clock(self.now)
         seq, sources, src = self.seq, self.sources, choice[0]
         rows = align_logits(logits, self.V)
         if self.greedy:
@@ -233,7 +232,7 @@ class Stream:
         t_rule = self._clock.lap()
         self.planner.observe(self.record, ask.offers, choice, drafts, drafts[:a] + [nxt],
                              ask.behind.get(src, 0), t_draft, t_target + t_rule, ext,
-                             timed=t_pass is None)
+                             timed=t_pass is None, shared=shared)
         t_other = t_rule + self._clock.lap()  # the rule, the rewinds and the planner's learning
         event = Event(tokens=new, kinds=kinds, k=len(drafts), n_drafted=len(drafts), n_accepted=a,
                       t_draft=t_draft, t_target=t_target, t_other=t_other, finish_reason=done,
@@ -321,7 +320,7 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
         choices = [(a.record.owner or planner).choose(a.record, a.offers, a.behind, a.room) if a.room
                    else (None, 0) for a in asks]
     items, scored = [], []
-    drafted = _draft_together([(i, streams[i], c) for i, c in zip(stepping, choices)], clock)
+    drafted = _draft_together([(i, streams[i], c) for i, c in zip(stepping, choices)], clock, planner.costs)
     for i, a, c in zip(stepping, asks, choices):
         try:
             if isinstance(drafted.get(i), Exception):
@@ -332,9 +331,8 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
             scored.append(i)
         except Exception as e:
             out[i] = e
-    fills = [(i, chunks.get(i, len(s.pending))) for i, s in enumerate(streams)
-             if s.pending and not s.done and i not in fold]
-    fills = [(i, n) for i, n in fills if n > 0]
+    fills = [(i, n) for i, s in enumerate(streams) if s.pending and not s.done and i not in fold
+             and (n := chunks.get(i, len(s.pending))) > 0]
     items += [(streams[i].target, streams[i].pending[:n], False) for i, n in fills]
     if not items:
         return out
@@ -355,17 +353,18 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
 
 
 def _draft_together(chosen: Sequence[tuple[int, Stream, tuple[int | None, int]]],
-                    clock: Callable[[], float]) -> dict[int, tuple | Exception]:
+                    clock: Callable[[], float], costs: Costs) -> dict[int, tuple | Exception]:
     """Streams whose choice is a model that scores several lanes in one pass (``can_batch``): one
-    pass of it per draft position for all, the text each has not seen first. -> stream index ->
-    (drafts, q, the shared drafting's seconds) or its error; a stream alone on its model: none."""
+    pass of it per draft position for all, the text each has not seen first, each such pass's
+    seconds told to ``costs`` with its number of lanes. -> stream index -> (drafts, q, the shared
+    drafting's seconds) or its error; a stream alone on its model: none."""
     groups: dict[str, list] = {}
     for i, s, c in chosen:
         src = c[0]
         if src is not None and s.sources[src].backend is not None and s.sources[src].backend.can_batch:
             groups.setdefault(s.sources[src].name, []).append((i, s, c))
     out: dict[int, tuple | Exception] = {}
-    for group in (g for g in groups.values() if len(g) > 1):
+    for name, group in ((x, g) for x, g in groups.items() if len(g) > 1):
         lanes = {i: s.sources[c[0]].backend for i, s, c in group}
         lead = lanes[group[0][0]]
         t = _Clock(clock)
@@ -381,8 +380,9 @@ def _draft_together(chosen: Sequence[tuple[int, Stream, tuple[int | None, int]]]
                 lead.score_many(text)
             feeds = {i: f[-1:] for i, f in feeds.items()}
             while feeds:
-                keys = list(feeds)
+                keys, t0 = list(feeds), clock()
                 rows = lead.score_many([(lanes[i], feeds[i], True) for i in keys])
+                costs.observe_draft(name, 1, clock() - t0, lanes=len(keys))
                 for i, r in zip(keys, rows):
                     try:
                         feeds[i] = steps[i].send(r[-1])

@@ -101,30 +101,38 @@ class Planner:
         owners = [ask[0].owner or self for ask in asks]
         opts = [p._options(*ask) for p, ask in zip(owners, asks)]
         # a model whose backend scores several lanes in one pass drafts for every sequence at once
-        # (``pass_streams``): the sequences' drafting seconds on it are the longest of them, not the sum
+        # (``pass_streams``): the sequences' drafting seconds on it are the longest of them, each of
+        # its passes priced at what one drafting for that many sequences costs (``Costs.lanes``)
         shared = [np.array([s is not None and bool(getattr(p.sources[s].backend, "can_batch", False))
                             for s in o[0]]) for o, p in zip(opts, owners)]
+        names = [[None if s is None else p.sources[s].name for s in o[0]] for o, p in zip(opts, owners)]
+        n = len(asks) + 1
+        scale = {x: [self.costs.lanes(x, m) for m in range(n)] for x in {*sum(names, [])} - {None}}
+        scale[None] = [1.0] * n
 
-        def paid(pick: list[int], skip: int = -1) -> tuple[float, dict]:
-            alone, most = 0.0, {}
+        def paid(pick: list[int], skip: int = -1) -> tuple[float, dict, dict]:
+            alone, most, count = 0.0, {}, {}
             for j, i in enumerate(pick):
                 if j == skip:
                     continue
                 if shared[j][i]:
-                    most[opts[j][0][i]] = max(most.get(opts[j][0][i], 0.0), opts[j][3][i])
+                    x = names[j][i]
+                    most[x], count[x] = max(most.get(x, 0.0), opts[j][3][i]), count.get(x, 0) + 1
                 else:
                     alone += opts[j][3][i]
-            return alone + sum(most.values()), most
+            return alone + sum(v * scale[x][count[x]] for x, v in most.items()), most, count
 
         def ascend(pick: list[int]) -> list[int]:
             for _ in range(3 if len(opts) > 1 else 1):
                 moved = False
-                for r, (src, w, e, d) in enumerate(opts):
+                for r, (_, w, e, d) in enumerate(opts):
                     width = sum(1 + opts[j][1][i] for j, i in enumerate(pick) if j != r)
                     got = sum(opts[j][2][i] for j, i in enumerate(pick) if j != r)
-                    base, most = paid(pick, r)
-                    top = np.array([most.get(x, 0.0) if x is not None else 0.0 for x in src])
-                    cost = base + np.where(shared[r], np.maximum(d - top, 0.0), d)
+                    base, most, count = paid(pick, r)
+                    top = np.array([most.get(x, 0.0) for x in names[r]])
+                    was = np.array([scale[x][count.get(x, 0)] for x in names[r]]) * top
+                    grown = np.array([scale[x][count.get(x, 0) + 1] for x in names[r]]) * np.maximum(d, top)
+                    cost = base + np.where(shared[r], grown - was, d)
                     best = int(np.argmax((got + e) / (self._t(width + 1 + w) + cost)))
                     moved |= best != pick[r]
                     pick[r] = best
@@ -290,11 +298,13 @@ class Planner:
     # --- learning ---------------------------------------------------------------------------------
     def observe(self, record: Record, offers: Sequence[Offer], choice: Choice, drafts: Sequence[int],
                 committed: Sequence[int], behind: int, t_draft: float, t_step: float,
-                ext: Offer | None = None, timed: bool = True) -> None:
+                ext: Offer | None = None, timed: bool = True, shared: bool = False) -> None:
         """One step's outcome, reported once by the loop: the free sources' ``offers``, the
         ``choice`` and the ``drafts`` it verified (a model's followed by its extension ``ext``), the
         tokens the step ``committed``, how far the chosen model was ``behind``, and the seconds of
-        drafting and of the step's pass and rule; ``timed``: the pass was this sequence's alone."""
+        drafting and of the step's pass and rule; ``timed``: the pass was this sequence's alone;
+        ``shared``: the model drafted for other sequences in the same passes (the caller reports
+        the costs of a shared pass, and of shared drafting)."""
         src = choice[0]
         if timed:
             self.costs.observe(len(drafts) + 1, t_step)
@@ -307,7 +317,7 @@ class Planner:
             record.learn((name, "model"), drafts[:k], committed)
             if ext is not None and accepted >= k:  # the extension was reached: learnt as its kind
                 record.learn((self.sources[ext[0]].name, ext[2]), ext[1], committed[k:])
-            if behind <= 2:  # else the draft time holds a prefill: not a pass's cost
+            if behind <= 2 and not shared:  # else the draft time holds a prefill, or others' drafts
                 self.costs.observe_draft(name, k + (behind == 2), t_draft)
         record.elapsed += t_draft + t_step
         if src is not None and not free and self.k is None:  # what model steps lost against plain ones

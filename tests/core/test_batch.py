@@ -143,6 +143,20 @@ def test_drafts_of_several_streams_share_the_draft_models_passes(monkeypatch):
     assert max(Counted.calls) >= 3  # a draft pass held three streams or more
 
 
+def test_a_shared_draft_pass_is_timed_with_its_lanes_apart_from_one_streams():
+    """Each pass the model drafts for several streams at once is told to the costs with its number
+    of lanes (the synthetic draft's pass costs 2 ms a token here), and not as one stream's passes:
+    the one-stream price stays what one stream's pass costs."""
+    slow = Counted(role="draft", noise=0.3, latency_ms=2.0, beta=1.0)
+    pair = Pair(Counted(role="target"), [ModelDrafter(slow)])
+    planner = pair.planner(4)
+    together(pair, PROMPTS[:4], GREEDY, planner)
+    wide = planner.costs.draft_wide["synthetic"]
+    assert max(wide) >= 3 and all(n >= 1 for n, _ in wide.values())
+    assert planner.costs.draft("synthetic", 4) >= 0.006  # three lanes or more: 6 ms a pass or more
+    assert 0.002 <= planner.costs.draft("synthetic") < 0.004  # one lane: 2 ms a pass
+
+
 def test_the_check_catches_drafts_handed_to_the_wrong_stream():
     pair = Pair(Counted(role="target"), [ModelDrafter(SwappedDrafts(role="draft", noise=0.3))])
     ref = alone_accepted(pair)

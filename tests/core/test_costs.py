@@ -189,6 +189,21 @@ def test_a_draft_pass_is_its_measured_pass_refined_by_the_run():
     assert costs.draft("unknown") == 0.0 and costs.measured == 2 and costs.widest(32) == 2
 
 
+def test_a_draft_pass_for_several_sequences_is_read_off_the_lanes_timed():
+    """Passes drafting for several sequences at once are kept apart from one sequence's, by number
+    of lanes; a count not timed lies on the line between its neighbours, beyond the most timed it
+    is the pass for that many."""
+    costs = Costs([1.0, 1.0], {"m": 0.02})
+    for _ in range(10):
+        costs.observe_draft("m", 1, 0.05, lanes=4)
+    assert costs.draft("m") == pytest.approx(0.02)
+    assert costs.draft("m", 4) == pytest.approx(0.05) and costs.draft("m", 8) == pytest.approx(0.05)
+    assert costs.draft("m", 2) == pytest.approx(0.03)
+    assert costs.lanes("m", 4) == pytest.approx(2.5) and costs.lanes("m", 1) == 1.0
+    assert costs.lanes("unknown", 4) == 1.0
+    assert costs.info()["t_draft_lanes_ms"] == {"m": {4: pytest.approx(50.0)}}
+
+
 def test_costs_refuse_a_curve_without_two_widths():
     with pytest.raises(ValueError, match="give T\\(1\\) and T\\(2\\)"):
         Costs([1.0])

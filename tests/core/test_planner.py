@@ -323,6 +323,30 @@ def test_a_batch_of_one_is_one_sequence_and_a_batch_shares_the_cheap_width():
     assert all(w == 0 for _, w in four)
 
 
+def test_a_model_drafting_for_several_sequences_is_priced_at_its_pass_for_that_many():
+    """Four sequences on one model that drafts for all of them in each of its passes: where such a
+    pass costs what one sequence's does, the plan drafts for all four; where the run timed it at
+    three times that, fewer of them share the model's passes."""
+    class Batching(Model):
+        backend = type("Lanes", (), {"can_batch": True})()
+
+    def plan(wide: float | None) -> list:
+        costs = Costs([1.0] * 8 + [1.0 + 0.1 * n for n in range(1, 26)], {"m": 0.12}, {"m": 0.0})
+        if wide is not None:
+            costs.observe_draft("m", 50, 50 * wide, lanes=4)
+        planner = Planner([Batching()], costs)
+        records = [planner.record(1000) for _ in range(4)]
+        for r in records:
+            for _ in range(10):
+                r.learn(("m", "model"), [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9])
+        return planner.plan([(r, [], {0: 1}, 16) for r in records])
+
+    cheap, dear = plan(None), plan(0.36)
+    assert all(src == 0 and w >= 2 for src, w in cheap)
+    assert sum(src == 0 for src, _ in dear) <= 2
+    assert plan(0.12) == cheap  # timed at one sequence's price: the same plan
+
+
 # --- the extension --------------------------------------------------------------------------------
 
 def test_a_models_drafts_are_extended_by_a_copied_stretch_where_the_width_is_cheap():
