@@ -60,8 +60,9 @@ def _converted(source: Path, variants: list[str], name: str) -> Path | None:
     return None
 
 
-_TODO = {"hf": "make a Hugging Face folder of {} first (specmac makes one, cached, when torch or mlx loads "
-               "a GGUF file; `specmac models` lists them)",
+_TODO = {"hf": "make a Hugging Face folder of {} first (`specmac models convert FILE.gguf --out "
+               "FOLDER`; torch and mlx also make one, cached, when they load a GGUF file; `specmac models` "
+               "lists them)",
          "gguf": "make a GGUF of {} first (specmac makes an F16 one, cached, when the gguf backend loads a "
                  "folder; `specmac models` lists them)",
          "quant": "requantise {} first (specmac makes it, cached, when the gguf backend loads it)",
