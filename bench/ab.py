@@ -16,7 +16,10 @@ costs once per checkout, in a cache of the run's own (the two keep theirs differ
 results.json (every run, with the provenance of both checkouts), README.md (per category: each
 configuration's speedup over plain decoding of its own checkout, paired per prompt and round, the
 median over rounds; tokens/s beside it; the hybrid against its two sources; greedy identity with
-plain) and a PNG. Takes the machine's benchmark lock (bench/lib/machine.py): two benchmarks never
+plain) and a PNG. ``--streams N``: each run serves N prompts at once instead (the next N of those
+picked), sharing every pass of the target and of a draft model as ``specmac serve`` batches N
+clients (``pass_streams``), timed from their prompts to their last tokens; its row is "N streams".
+Takes the machine's benchmark lock (bench/lib/machine.py): two benchmarks never
 share the CPUs.
 """
 
@@ -56,6 +59,9 @@ def worker() -> None:
             draft = load_backend("gguf", m["draft_model"], None, role="draft") if m["draft_model"] else None
             pairs = {name: specmac.api.Pair(target, _sources(new, name, draft)) for name in m["configs"]}
             reply = {"checkout": str(Path(specmac.__file__).resolve().parent.parent), "new": new}
+        elif "batch" in msg["run"]:
+            r = msg["run"]
+            reply = _batch(pairs[r["config"]], target, r, r["k"] if r["config"] != "none" else 1)
         else:
             r = msg["run"]
             ids = target.encode(target.apply_chat_template(r["messages"]))
@@ -69,6 +75,41 @@ def worker() -> None:
                      "plain_step_s": s.plain_step_seconds, "n_plain_steps": len(s.plain_steps),
                      "n_prompt": len(ids)}
         print(json.dumps(reply), flush=True)
+
+
+def _batch(pair, target, r: dict, k) -> dict:
+    """Several conversations at once, sharing each pass (``pass_streams``, as the server's
+    scheduler runs them), from their prompts to their last tokens: the batch's totals."""
+    import time
+
+    from specmac.core.loop import Event, pass_streams
+    from specmac.core.sampling import SamplingParams
+
+    t0 = time.perf_counter()
+    lanes, planner = pair.lanes(len(r["batch"])), pair.planner(k)
+    streams = [pair.start(lane, target.encode(target.apply_chat_template(m)), params=SamplingParams(0.0),
+                          max_tokens=r["max_tokens"], k=planner, seed=r["seed"])
+               for lane, m in zip(lanes, r["batch"])]
+    out = {"n_tokens": 0, "n_target_passes": 0, "n_drafted": 0, "n_accepted": 0, "sources": {},
+           "token_ids": [[] for _ in streams], "prefill_seconds": 0.0, "plain_step_s": None,
+           "n_plain_steps": 0, "n_prompt": sum(len(s.seq) for s in streams)}
+    live = list(range(len(streams)))
+    while live:
+        events = pass_streams(lanes[0].target, [streams[i] for i in live], planner)
+        out["n_target_passes"] += 1
+        for i, e in zip(list(live), events):
+            if isinstance(e, Exception):
+                raise e
+            if isinstance(e, Event):
+                out["token_ids"][i] += e.tokens
+                out["n_tokens"] += len(e.tokens)
+                out["n_drafted"] += e.n_drafted
+                out["n_accepted"] += e.n_accepted
+                out["sources"][e.source] = out["sources"].get(e.source, 0) + 1
+                if e.finish_reason:
+                    streams[i].close()
+                    live.remove(i)
+    return out | {"seconds": time.perf_counter() - t0, "costs": planner.costs.info()}
 
 
 def _sources(new: bool, name: str, draft):
@@ -144,12 +185,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--edit-tokens", type=int, default=256, help="max tokens of a code edit")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--streams", type=int, default=1,
+                    help="N > 1: each run serves N prompts at once, sharing every pass (as specmac serve "
+                         "batches N clients), timed from their prompts to their last tokens")
     ap.add_argument("--out", type=Path, help="the folder for results.json, README.md and the PNG")
     a = ap.parse_args(argv)
     if a.before is None or a.out is None:
         ap.error("--before CHECKOUT and --out DIR are required")
     from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
-    from specmac.compare.results import provenance
+    from specmac.compare.results import code_measured, provenance
 
     target_model = a.target_model or str(a.models_dir / TARGET)
     draft_model = a.draft_model or str(a.models_dir / DRAFT)
@@ -157,12 +201,19 @@ def main(argv: list[str] | None = None) -> None:
     configs = ["none", *[d for d in a.drafts.split(",") if d and d != "none"]]
     k = a.k if a.k == "auto" else int(a.k)
     prompts = pick(read_prompts(PACKAGED_WORKLOAD, turns="all"), a.per_category, a.categories)
+    if a.streams > 1:  # each run: the next N prompts at once
+        if len(prompts) < a.streams:
+            ap.error(f"--streams {a.streams}: {len(prompts)} prompts picked (raise --per-category)")
+        n = a.streams
+        prompts = [{"id": "+".join(q["id"] for q in prompts[i:i + n]), "category": f"{n} streams",
+                    "batch": prompts[i:i + n]} for i in range(0, len(prompts) - n + 1, n)]
     a.out.mkdir(parents=True, exist_ok=True)
     load = {"target": a.target_backend, "target_model": target_model, "target_options": opts,
             "draft_model": draft_model if any(c not in ("none", *FREE) for c in configs) else None,
             "configs": configs}
     command = shlex.join(["python", "bench/ab.py", *(argv if argv is not None else sys.argv[1:])])
     take_machine(command)
+    code_measured()  # the driver's commit now: a tree edited during the run is not what was measured
     with tempfile.TemporaryDirectory() as cache:
         sides = [Checkout("before", a.before.resolve(), Path(cache) / "before", load),
                  Checkout("after", a.after.resolve(), Path(cache) / "after", load)]
@@ -193,12 +244,14 @@ def pick(prompts: list[dict], per_category: int, categories: str) -> list[dict]:
 def measure(sides: list[Checkout], configs: list[str], prompts: list[dict], k, a) -> list[dict]:
     """A warm-up round (discarded), then ``repeats`` rounds of every prompt and configuration on
     both checkouts, the configurations rotated and the two checkouts' order alternated."""
+    def messages(p: dict) -> list[dict]:
+        return p.get("messages") or [{"role": "user", "content": p["text"]}]
+
     def ask(side: Checkout, config: str, p: dict, r: int, n: int) -> dict:
-        msgs = p.get("messages") or [{"role": "user", "content": p["text"]}]
-        out = side.ask({"run": {"config": config, "messages": msgs, "max_tokens": n, "seed": max(r, 0),
-                                "k": k}})
+        run = {"config": config, "max_tokens": n, "seed": max(r, 0), "k": k}
+        run |= {"batch": [messages(q) for q in p["batch"]]} if "batch" in p else {"messages": messages(p)}
         return {"side": side.label, "config": config, "prompt": p["id"], "category": p["category"],
-                "round": r, **out}
+                "round": r, **side.ask({"run": run})}
 
     for side in sides:
         for c in configs:
