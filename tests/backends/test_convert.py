@@ -112,6 +112,31 @@ def test_models_command_lists_and_clears(tmp_path):
     assert "no converted models" in CliRunner().invoke(main, ["models"]).output
 
 
+@needs_loader
+@pytest.mark.parametrize("bars", [False, True], ids=["pipe", "terminal"])
+def test_a_conversion_shows_transformers_bars_only_on_a_terminal(capfd, monkeypatch, bars):
+    """Off a terminal stderr holds specmac's one line and nothing of transformers (no bars, no warning
+    that bfloat16 weights "stay quantized": they do not); its settings are put back after."""
+    from safetensors import safe_open
+    from transformers.utils import logging as hf_logging
+
+    from specmac.backends.conversion.convert import gguf_to_hf
+
+    monkeypatch.setattr(cache, "progress_bars", lambda: bars)
+    before = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    capfd.readouterr()
+    folder, _ = gguf_to_hf(assets.gguf_file("draft", "f16"), "bfloat16")
+    err = capfd.readouterr().err
+    assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == before
+    assert "quantized" not in err
+    if bars:
+        assert "de-quantizing" in err  # the GGUF unpacking bar
+    else:
+        assert [x for x in err.splitlines() if not x.startswith("specmac: converting ")] == [], err
+    with safe_open(folder / "model.safetensors", "pt") as f:  # plain weights, none left in GGUF blocks
+        assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"BF16"}
+
+
 # --- the gguf backend on a folder, and on other types ------------------------------------------
 @skip_unless_installed("gguf")
 @needs_gguf_py

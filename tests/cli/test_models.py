@@ -8,6 +8,8 @@ import errno
 import importlib.util
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from specmac import assets
 from specmac.backends.conversion import cache
 from specmac.cli import main
 from specmac.compare.results import sha256_file
-from tests.support.helpers import error_lines
+from tests.support.helpers import REPO, cli_env, error_lines
 
 GGUF = assets.gguf_file("target", "f16")
 needs_loader = pytest.mark.skipif(
@@ -89,6 +91,17 @@ def test_out_is_a_loadable_folder_of_links_to_the_cached_files(made, in_made):
     check_folder(out)
     model = AutoModelForCausalLM.from_pretrained(str(out))
     assert model.config.vocab_size == json.loads((folder / "config.json").read_text())["vocab_size"]
+
+
+@needs_loader
+def test_off_a_terminal_stderr_is_the_converting_line_alone(tmp_path):
+    """stderr a pipe: no progress bar, no transformers warning (a real process, as a user runs it)."""
+    cmd = [sys.executable, "-m", "specmac", "models", "convert", str(assets.gguf_file("draft", "f16")),
+           "--dtype", "bfloat16"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300,
+                       env=cli_env(SPECMAC_CACHE=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("specmac: converting "), r.stderr
 
 
 @needs_loader

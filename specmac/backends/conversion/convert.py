@@ -9,9 +9,11 @@ llama-cpp-python and the gguf backend can use the HF path without torch.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-import os
 import struct
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from specmac.backends.conversion import cache
@@ -78,29 +80,62 @@ def _gguf_to_hf(src: Path, out: Path, dtype: str) -> None:
     with held_signals():  # Ctrl-C waits for the imports: torch's, stopped half-way, aborts the process
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
-    was_on, bars = hf_logging.is_progress_bar_enabled(), cache.progress_bars()
-    (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
-    tqdm_env = os.environ.get("TQDM_DISABLE")
-    if not bars:  # the dequantising loop is a plain tqdm bar: off in logs and pipes
-        os.environ["TQDM_DISABLE"] = "1"
+    with _library_output(cache.progress_bars()):
+        try:
+            tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+            model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name,
+                                                         dtype=getattr(torch, dtype), **_dequantised())
+        except (OSError, ValueError, KeyError, NotImplementedError, struct.error) as e:  # unsupported, junk
+            raise ModelNotFound(f"transformers cannot load {src}: {_first_line(e)}") from None
+        if getattr(model, "hf_quantizer", None) is not None:  # the weights are plain tensors now
+            model.hf_quantizer.remove_quantization_config(model)
+        model.save_pretrained(out, safe_serialization=True)
+        tok.save_pretrained(out)
+
+
+def _dequantised() -> dict:
+    """Ask for every weight unpacked to plain tensors (what a folder holds). transformers with a
+    GgufConfig would otherwise keep them packed where it has kernels, and it warns that they "stay
+    quantized" even where its loader unpacks them all (Llama and most architectures)."""
     try:
-        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-        model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name,
-                                                     dtype=getattr(torch, dtype))
-    except (OSError, ValueError, KeyError, NotImplementedError, struct.error) as e:  # unsupported, junk
-        raise ModelNotFound(f"transformers cannot load {src}: {_first_line(e)}") from None
+        from transformers import GgufConfig
+    except ImportError:  # a loader without the option unpacks every weight
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+@contextlib.contextmanager
+def _library_output(bars: bool) -> Iterator[None]:
+    """transformers says nothing but errors, and shows its progress bars (the GGUF unpacking one
+    included) only where ``bars``; its settings and huggingface_hub's are put back after."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_loader
+    except ImportError:  # another transformers layout: nothing to reroute
+        gguf_loader = None
+
+    verbosity, was_on, hub_off = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(),
+                                  are_progress_bars_disabled())
+    plain_tqdm = getattr(gguf_loader, "tqdm", None)
+    with warnings.catch_warnings():  # huggingface_hub warns where HF_HUB_DISABLE_PROGRESS_BARS overrides
+        warnings.simplefilter("ignore")
+        hf_logging.set_verbosity_error()
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+    if plain_tqdm is not None:  # a plain tqdm, deaf to the switch above (TQDM_DISABLE is read at import)
+        gguf_loader.tqdm = hf_logging.tqdm
+    try:
+        yield
     finally:
-        (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
-        if tqdm_env is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = tqdm_env
-    if getattr(model, "hf_quantizer", None) is not None:  # the weights are plain tensors now
-        model.hf_quantizer.remove_quantization_config(model)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+        if plain_tqdm is not None:
+            gguf_loader.tqdm = plain_tqdm
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hf_logging.set_verbosity(verbosity)
+            (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
+            (disable_progress_bars if hub_off else enable_progress_bars)()
 
 
 def _first_line(e: Exception) -> str:
