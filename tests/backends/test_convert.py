@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +112,30 @@ def test_models_command_lists_and_clears(tmp_path):
     assert [e.name for e, _ in cache.entries()] == names[1:]
     assert "removed 1 entries" in CliRunner().invoke(main, ["models", "clear", "--all"]).output
     assert "no converted models" in CliRunner().invoke(main, ["models"]).output
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027], ids=["umask022", "umask027"])
+def test_an_entry_has_the_modes_of_new_files_under_the_umask(own_cache, tmp_path, mask):
+    """safetensors writes through a private temporary file (0600): the entry must not keep that."""
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"weights")
+
+    def build(s: Path, out: Path) -> None:
+        fd, name = tempfile.mkstemp(dir=out)
+        os.close(fd)
+        os.replace(name, out / "model.safetensors")
+        (out / "sub").mkdir(mode=0o700)
+        (out / "sub" / "a.json").write_text("{}")
+
+    old = os.umask(mask)
+    try:
+        entry, _ = cache.converted(src, "hf-float32", build, what="test")
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(entry).as_posix(): p.stat().st_mode & 0o777 for p in [entry, *entry.rglob("*")]}
+    files, folders = 0o666 & ~mask, 0o777 & ~mask
+    assert modes == {".": folders, "model.safetensors": files, "sub": folders, "sub/a.json": files,
+                     cache.SIDECAR: files}
 
 
 @needs_loader

@@ -19,6 +19,7 @@ from specmac import assets
 from specmac.backends.conversion import cache
 from specmac.cli import main
 from specmac.compare.results import sha256_file
+from specmac.files import umask
 from tests.support.helpers import REPO, cli_env, error_lines
 
 GGUF = assets.gguf_file("target", "f16")
@@ -87,6 +88,8 @@ def test_out_is_a_loadable_folder_of_links_to_the_cached_files(made, in_made):
     assert r.stdout.splitlines()[-1] == f"  linked into {out}"
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     assert all((out / p.name).stat().st_ino == p.stat().st_ino for p in folder.iterdir())
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {  # readable as a shared cache
+        p.name: 0o666 & ~umask() for p in folder.iterdir()}
     assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no temporary sibling left
     check_folder(out)
     model = AutoModelForCausalLM.from_pretrained(str(out))

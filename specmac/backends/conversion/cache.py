@@ -4,7 +4,8 @@ Each entry is a folder under ``cache_root()`` (``$SPECMAC_CACHE/converted``, def
 ``~/.cache/specmac/converted``) holding the converted model and ``specmac_source.json``: where it
 came from, the source's SHA-256 and how it was made. An entry is built in a hidden temporary folder
 and renamed into place, so a failed or interrupted conversion leaves nothing that looks complete.
-Imports the standard library alone, and specmac.errors (the converters import their frameworks themselves).
+Imports the standard library alone, with specmac.errors and specmac.files (the converters import
+their frameworks themselves).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from specmac.errors import SpecmacError
-from specmac.files import cache_home
+from specmac.files import cache_home, umask
 
 SIDECAR = "specmac_source.json"
 
@@ -159,10 +160,11 @@ def converted(source: str | Path, variant: str, build: Callable[[Path, Path], No
     except OSError as e:
         raise CacheUnwritable(f"cannot write the model cache {root} ({e.strerror}): point SPECMAC_CACHE at "
                               "a writable folder") from None
-    tmp.chmod(0o755)  # mkdtemp makes it private; an entry is an ordinary folder
+    tmp.chmod(0o777 & ~umask())  # mkdtemp makes it private; an entry is an ordinary folder
     status(f"specmac: converting {source} to {what} (once; cached in {final})")
     try:
         build(source, tmp)
+        _ordinary_modes(tmp)
         meta = {"source": str(source.resolve()), "source_sha256": sha, "variant": variant,
                 "source_signature": signature(source), "what": what, **(details or {}),
                 "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -175,6 +177,16 @@ def converted(source: str | Path, variant: str, build: Callable[[Path, Path], No
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final, meta
+
+
+def _ordinary_modes(folder: Path) -> None:
+    """What a converter wrote gets the modes of new files and folders (0666, 0777 less the umask):
+    safetensors writes through a private temporary file (0600), which keeps other users out of a
+    shared cache and out of an --out folder of links to it."""
+    mask = umask()
+    for p in folder.rglob("*"):
+        if not p.is_symlink():
+            p.chmod((0o777 if p.is_dir() else 0o666) & ~mask)
 
 
 def remove(entry: Path) -> None:
