@@ -46,7 +46,7 @@ class FrozenCosts(Costs):
     def observe(self, n, seconds):
         pass
 
-    def observe_draft(self, name, passes, seconds):
+    def observe_draft(self, name, passes, seconds, lanes=1):
         pass
 
 
