@@ -272,8 +272,7 @@ class GGUFBackend(BaseBackend):
             self._n_past = len(saved.tokens)
 
     def write_state(self, saved: Saved, stem: Path) -> Path:
-        path = stem.with_suffix(".llama-state")
-        path.write_bytes(saved.state)
+        (path := stem.with_suffix(".llama-state")).write_bytes(saved.state)
         return path
 
     def read_state(self, path: Path, tokens: Sequence[int]) -> Saved:
@@ -298,14 +297,15 @@ class GGUFBackend(BaseBackend):
 
     def lanes(self, n: int) -> list[BaseBackend]:
         """n sequences of one context (llama.cpp's ``n_seq_max``, one unified cache of n x n_ctx
-        cells, each sequence up to n_ctx): the context is made anew where it holds fewer, its
-        cache forgotten."""
+        cells, each sequence up to n_ctx), made anew where it holds fewer; each new lane starts
+        empty, whatever an earlier lane of its sequence left (two pairs may share one backend)."""
         if n > self._n_seq:
             self._remake(n)
         out: list[BaseBackend] = [self]
         for i in range(1, n):
             lane = copy.copy(self)  # the model, context and batch are this backend's (and freed with it)
             lane._seq, lane._n_past, lane._held, lane._cold = i, 0, [], True
+            llama_cpp.llama_memory_seq_rm(self._mem, i, -1, -1)
             out.append(lane)
         return out
 

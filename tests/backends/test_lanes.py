@@ -95,6 +95,20 @@ def test_lanes_share_the_weights(name, opts):
     assert all(getattr(lane, weights) is getattr(b, weights) for lane in lanes)
 
 
+@pytest.mark.parametrize("name, opts", BACKENDS)
+def test_lanes_asked_for_again_start_empty(name, opts):
+    """Two pairs on one backend each ask it for lanes: the second set starts empty, whatever the
+    first left in the same sequences, and scores as a fresh one does."""
+    need(name)
+    b = load_backend(name, None, opts)
+    ids = b.encode(TEXTS[0])
+    first = b.lanes(2)
+    want = first[1].score(ids)
+    again = b.lanes(2)
+    assert again[1].n_past == 0
+    np.testing.assert_allclose(again[1].score(ids), want, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("target, opts, draft", [("gguf", {"quant": "f16"}, "gguf"),
                                                  ("torch", {"dtype": "float32"}, None),
                                                  ("torch", {"dtype": "float32"}, "torch")])
