@@ -58,10 +58,15 @@ def worker() -> None:
             target = load_backend(m["target"], m["target_model"], m["target_options"] or None, role="target")
             draft = load_backend("gguf", m["draft_model"], None, role="draft") if m["draft_model"] else None
             pairs = {name: specmac.api.Pair(target, _sources(new, name, draft)) for name in m["configs"]}
+            # batches: one pair over every source, a planner per configuration over its own, so the
+            # configurations share one set of lanes (two pairs' lanes on one backend would not)
+            every = dict.fromkeys(p for name in m["configs"] if name != "none" for p in name.split("+"))
+            every = "+".join(sorted(every, key=lambda p: p not in FREE))  # the free sources first, as named
+            whole = specmac.api.Pair(target, _sources(new, every, draft)) if new and every else None
             reply = {"checkout": str(Path(specmac.__file__).resolve().parent.parent), "new": new}
         elif "batch" in msg["run"]:
             r = msg["run"]
-            reply = _batch(pairs[r["config"]], target, r, r["k"] if r["config"] != "none" else 1)
+            reply = _batch(whole, target, r, r["k"] if r["config"] != "none" else 1)
         else:
             r = msg["run"]
             ids = target.encode(target.apply_chat_template(r["messages"]))
@@ -86,7 +91,8 @@ def _batch(pair, target, r: dict, k) -> dict:
     from specmac.core.sampling import SamplingParams
 
     t0 = time.perf_counter()
-    lanes, planner = pair.lanes(len(r["batch"])), pair.planner(k)
+    mine = [] if r["config"] == "none" else r["config"].split("+")
+    lanes, planner = pair.lanes(len(r["batch"])), pair.planner(k, [s for s in pair.sources if s.name in mine])
     streams = [pair.start(lane, target.encode(target.apply_chat_template(m)), params=SamplingParams(0.0),
                           max_tokens=r["max_tokens"], k=planner, seed=r["seed"])
                for lane, m in zip(lanes, r["batch"])]
@@ -307,7 +313,9 @@ def report(record: dict, backend: str, model: str, opts: dict) -> str:
              f"{1 + max(x['round'] for x in runs)} rounds after a warm-up, greedy.", "",
              "Speedup over plain decoding of the same checkout, pooled over the category's runs "
              "(decoding: the target's prompt prefill left out, the draft's in); in brackets the paired "
-             "per-run ratios' range; tokens/s of plain decoding beside.", "",
+             "per-run ratios' range; tokens/s of plain decoding beside."
+             + (" A row of N streams: each run serves N prompts at once, timed from their prompts to their "
+                "last tokens (every prefill in)." if any(c.endswith(" streams") for c in cats) else ""), "",
              "| category | plain tok/s before / after | "
              + " | ".join(f"{d} before | {d} after" for d in drafts) + " |",
              "|---|---:|" + "---:|" * (2 * len(drafts))]
