@@ -246,8 +246,8 @@ def extra_bufts_safe() -> bool:
 def peer_defaults() -> Iterator[None]:
     """While inside: llama-cpp-python's own ``Llama`` and ``llama_cpp.server`` (the peers that
     benchmarks and tests set beside specmac) load models with llama.cpp's extra CPU buffer types as
-    specmac's ``extra_bufts`` auto chooses them: off where ggml was built with AMX, where loading a
-    Q4_K_M, Q8_0 or Q4_0 file with them crashes the process (llama.cpp issue 20824). Neither takes
+    specmac's ``extra_bufts`` auto chooses them (``extra_bufts_safe``): off where loading a Q4_K_M,
+    Q8_0 or Q4_0 file with them crashes the process (llama.cpp issue 20824). Neither takes
     such an argument; both read llama_model_default_params as they load, so that is what changes."""
     from llama_cpp import llama as llama_module
 
