@@ -137,9 +137,16 @@ def test_prediction_counts_and_exactness(client):
     text = plain.choices[0].message.content
     assert plain.usage.model_dump()["speculative"]["drafted"] == 0  # k 0: no drafts at all
     edited = text[: len(text) // 2] + "zz" + text[len(text) // 2 + 3:]
-    out = client.chat.completions.create(model=MODEL, messages=msgs,
-                                         max_tokens=40, temperature=0,
-                                         prediction={"type": "content", "content": edited})
+    kw = dict(model=MODEL, messages=msgs, max_tokens=40, temperature=0,
+              prediction={"type": "content", "content": edited})
+    out = client.chat.completions.create(**kw)  # beside the draft model: exact, counts consistent
+    assert out.choices[0].message.content == text
+    check_usage(out.usage, prediction=True)
+    # the prediction alone (which source drafts a step beside a model depends on the run's timings):
+    # every step it can draft it does, so its tokens before the edit are accepted, the edit rejected
+    with running(Pair.load("gguf"), k=4) as alone:
+        out = openai.OpenAI(base_url=alone, api_key="unused", max_retries=0,
+                            timeout=60).chat.completions.create(**kw)
     assert out.choices[0].message.content == text
     u = check_usage(out.usage, prediction=True)
     d = u["completion_tokens_details"]

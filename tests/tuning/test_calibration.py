@@ -135,8 +135,9 @@ def test_a_kept_draft_pass_is_never_trusted_over_a_fresh_one(cache):
     entry = json.loads(path.read_text())
     path.write_text(json.dumps(entry | {"t_draft": entry["t_draft"] * 20, "prefill": entry["prefill"] * 20}))
     costs, _ = calibration.measure_costs(None, {"synthetic": d}, 4)
-    assert costs.draft("synthetic") == pytest.approx(entry["t_draft"], rel=0.5)
-    assert costs.prefill("synthetic") == pytest.approx(entry["prefill"], rel=0.5)
+    # measured again, not the kept 20x (a timing on a shared machine: within 5x, not within 50 %)
+    assert costs.draft("synthetic") < entry["t_draft"] * 5
+    assert costs.prefill("synthetic") < entry["prefill"] * 5
     assert "is not now's" in costs.note
 
 
