@@ -9,10 +9,11 @@
 Each checkout runs in a process of its own (its specmac first on PYTHONPATH), loads the target and
 the draft once, and serves one generation at a time; the driver sends every (prompt, round,
 configuration) to both, one after the other, the order alternating, so the machine's drift hits
-both alike. The configurations are plain decoding and each ``--drafts`` source at ``--k``; the
-workload is the packaged one (specmac/data/workload.jsonl, whole conversations) through the target's
-chat template, ``--per-category`` prompts of each category, greedy. ``--k auto`` measures its pass
-costs once per checkout, in a cache of the run's own (the two keep theirs differently). Writes
+both alike. Every run starts from empty caches (target and draft). The configurations are plain
+decoding and each ``--drafts`` source at ``--k``; the workload is the packaged one
+(specmac/data/workload.jsonl, whole conversations) through the target's chat template,
+``--per-category`` prompts of each category, greedy. ``--k auto`` measures its pass costs once
+per checkout, in a cache of the run's own (the two keep theirs differently). Writes
 results.json (every run, with the provenance of both checkouts), README.md (per category: each
 configuration's speedup over plain decoding of its own checkout, paired per prompt and round, the
 median over rounds; tokens/s beside it; the hybrid against its two sources; greedy identity with
@@ -26,6 +27,7 @@ share the CPUs.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shlex
@@ -50,6 +52,10 @@ def worker() -> None:
     from specmac.core.sampling import SamplingParams
 
     new = hasattr(specmac.api.Pair, "planner")
+    # every run from empty caches, as a checkout without reuse runs: the configurations share the
+    # target and the draft model, and one that found the prompt held by the run before it would skip
+    # a prefill (the draft's counts in decoding) that the others pay
+    fresh = {"reuse": False} if "reuse" in inspect.signature(specmac.api.Pair.stream).parameters else {}
     pairs, target = {}, None
     for line in sys.stdin:
         msg = json.loads(line)
@@ -72,7 +78,7 @@ def worker() -> None:
             ids = target.encode(target.apply_chat_template(r["messages"]))
             k = r["k"] if r["config"] != "none" else 1
             g = pairs[r["config"]].generate(ids, params=SamplingParams(0.0), k=k, max_tokens=r["max_tokens"],
-                                            seed=r["seed"])
+                                            seed=r["seed"], **fresh)
             s = g.stats
             reply = {"n_tokens": s.n_tokens, "seconds": s.seconds, "prefill_seconds": s.t_prefill,
                      "n_target_passes": s.n_target_passes, "n_drafted": s.n_drafted,
@@ -93,6 +99,9 @@ def _batch(pair, target, r: dict, k) -> dict:
     t0 = time.perf_counter()
     mine = [] if r["config"] == "none" else r["config"].split("+")
     lanes, planner = pair.lanes(len(r["batch"])), pair.planner(k, [s for s in pair.sources if s.name in mine])
+    for lane in lanes:  # every run from empty caches: the configurations share these lanes
+        for b in lane.backends().values():
+            b.reset()
     streams = [pair.start(lane, target.encode(target.apply_chat_template(m)), params=SamplingParams(0.0),
                           max_tokens=r["max_tokens"], k=planner, seed=r["seed"])
                for lane, m in zip(lanes, r["batch"])]

@@ -120,7 +120,10 @@ def _load_drafter(settings: Settings, p: PairSpec, targets: dict[str, BaseBacken
 
 def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] | None = None,
             on_round: Callable[[list[dict]], None] | None = None) -> tuple[list[dict], bool]:
-    """Warm up every configuration, then run rounds (repeat x prompt) over all of them.
+    """Warm up every configuration, then run rounds (repeat x prompt) over all of them, each run
+    from empty caches: configurations share backends (a hybrid's draft model is the model draft's
+    too), and one that found the prompt held by the run before it would skip a prefill the others
+    pay.
     Returns (runs, interrupted): Ctrl-C stops early and keeps the complete rounds. ``on_round``
     gets the runs so far after every complete round (to save them as the measurement goes)."""
     configs = settings.configs()
@@ -130,7 +133,7 @@ def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] 
     tick = progress or (lambda _desc: None)
     for c in configs:  # warm-up: kernels, allocations, lazy compilation; not recorded
         pairs[c.id].generate(ids[c.target][0], params=settings.params, k=c.k_arg, seed=settings.seed,
-                             max_tokens=min(settings.warmup_tokens, settings.max_tokens))
+                             max_tokens=min(settings.warmup_tokens, settings.max_tokens), reuse=False)
         tick(f"warm-up {c.id}")
     runs: list[dict] = []
     try:
@@ -141,7 +144,7 @@ def measure(settings: Settings, loaded: Loaded, progress: Callable[[str], None] 
                 for c in rotated(configs, r * len(settings.prompts) + i):
                     g = pairs[c.id].generate(ids[c.target][i], params=settings.params, k=c.k_arg,
                                              max_tokens=prompt.get("max_tokens", settings.max_tokens),
-                                             seed=seed)
+                                             seed=seed, reuse=False)
                     rnd.append(run_record(c, prompt["id"], r, seed, g.stats, g.token_ids)
                                | {"category": prompt.get("category", ""),
                                   "threads": pairs[c.id].threads_now()})
@@ -168,7 +171,8 @@ def run_record(c: Config, prompt: str, repeat: int, seed: int, s: RunStats, toke
             "round": repeat, "seed": seed, "n_tokens": s.n_tokens, "n_target_passes": s.n_target_passes,
             "n_drafted": s.n_drafted, "n_accepted": s.n_accepted, "reached": list(s.reached),
             "accepted_at": list(s.accepted_at), "t_draft": s.t_draft, "t_verify": s.t_target,
-            "t_other": s.t_other, "t_prefill": s.t_prefill, "seconds": s.seconds,
+            "t_other": s.t_other, "t_prefill": s.t_prefill, "cached_tokens": s.cached_tokens,
+            "draft_caught_up": s.draft_caught_up, "seconds": s.seconds,
             "tokens_per_second": s.tokens_per_second,
             "finish_reason": s.finish_reason, "sources": dict(s.sources),
             "plain_step_s": s.plain_step_seconds, "n_plain_steps": len(s.plain_steps),

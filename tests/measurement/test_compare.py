@@ -135,6 +135,9 @@ def test_measure_interleaves_and_excludes_warmup():
             a, b = by[(c, p["id"], 0)], by[(c, p["id"], 1)]
             assert (a["output_sha1"], a["n_target_passes"], a["reached"]) == (
                 b["output_sha1"], b["n_target_passes"], b["reached"])
+    # nor from the configuration before: every run processes its whole prompt (on the target and on
+    # a draft model that shares its backend with another configuration's)
+    assert all(r["cached_tokens"] == 0 for r in runs)
     results = cmp.aggregate(runs, greedy=True)
     assert all(r["greedy_match"] == 1.0 for r in results if r["draft"] != cmp.PLAIN)
 
