@@ -35,18 +35,21 @@ class LookupDrafter(Drafter):
     # beside a model that pays, the planner bets on these only against a plain step
     guesses = ("weak", "latest")
 
-    def __init__(self, min_match: int = 3, sure_match: int = 6, max_match: int = 8, agree: float = 0.5,
-                 max_candidates: int = 8) -> None:
+    agree = 0.5  # the share of the consistent continuations the next draft token needs (a tie is none)
+    max_candidates = 8  # the latest occurrences of a match read
+
+    def __init__(self, min_match: int = 3, sure_match: int = 6, max_match: int = 8) -> None:
         if not 1 <= min_match <= sure_match <= max_match:
             raise ValueError(f"min_match {min_match}, sure_match {sure_match} and max_match {max_match} are "
                              "out of range: use 1 <= min_match <= sure_match <= max_match")
         self.min_match, self.sure_match, self.max_match = min_match, sure_match, max_match
-        self.agree, self.max_candidates = agree, max_candidates
         self.tokens: list[int] = []  # the text indexed
         self.ends: list[dict[tuple, list[int]]] = [{} for _ in range(max_match + 1)]  # [n] n-gram -> ends
 
     def fork(self, backend=None) -> LookupDrafter:
-        return LookupDrafter(self.min_match, self.sure_match, self.max_match, self.agree, self.max_candidates)
+        out = LookupDrafter(self.min_match, self.sure_match, self.max_match)
+        out.agree, out.max_candidates = self.agree, self.max_candidates
+        return out
 
     # --- the index ------------------------------------------------------------------------------
     def _extend(self, new: Sequence[int]) -> None:

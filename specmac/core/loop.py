@@ -317,7 +317,7 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
     if len(asks) > 1:
         choices = planner.plan([(a.record, a.offers, a.behind, a.room) for a in asks])
     else:  # alone: its own planner's choice, as speculative_steps makes it
-        choices = [(a.record.owner or planner).choose(a.record, a.offers, a.behind, a.room) if a.room
+        choices = [a.record.owner.choose(a.record, a.offers, a.behind, a.room) if a.room
                    else (None, 0) for a in asks]
     items, scored = [], []
     drafted = _draft_together([(i, streams[i], c) for i, c in zip(stepping, choices)], clock, planner.costs)

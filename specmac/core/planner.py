@@ -75,7 +75,7 @@ class Planner:
 
     def record(self, max_tokens: int) -> Record:
         """A new sequence's record (it writes at most ``max_tokens``), owned by this planner."""
-        self.last = Record(max_tokens, self.priors, self.decay, self)
+        self.last = Record(max_tokens, self)
         return self.last
 
     # --- choosing ---------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ class Planner:
         second over the pass (module docstring); each sequence's options its record owner's. With
         several, each in turn takes its best option given the others', from two starts (all plain;
         each at its best alone, which finds what pays only together: a model drafting for all)."""
-        owners = [ask[0].owner or self for ask in asks]
+        owners = [ask[0].owner for ask in asks]
         opts = [p._options(*ask) for p, ask in zip(owners, asks)]
         # a model whose backend scores several lanes in one pass drafts for every sequence at once
         # (``pass_streams``): the sequences' drafting seconds on it are the longest of them, each of
@@ -150,7 +150,7 @@ class Planner:
             pick = max(pick, solo, key=rate)
         out = [(o[0][i], int(o[1][i])) for o, i in zip(opts, pick)]
         for r, ask in enumerate(asks):  # nothing pays at the means: one sequence a pass tries a model
-            owner = ask[0].owner or self
+            owner = ask[0].owner
             if out[r] == (None, 0) and owner.k is None and (tried := owner._try(*ask)) is not None:
                 out[r] = tried
                 break

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,10 +24,11 @@ class Record:
     of proposals that reached depth j and of those accepted there; the tokens written so far and
     how many of them free sources' accepted drafts wrote."""
 
-    def __init__(self, max_tokens: int, priors: Mapping[Key, tuple[float, float, bool]],
-                 decay: float, owner: object | None = None) -> None:
-        self.max_tokens, self.priors, self.decay = max_tokens, priors, decay
-        self.owner = owner  # the planner whose sources and K its steps take
+    def __init__(self, max_tokens: int, owner: Any) -> None:
+        self.max_tokens, self.owner = max_tokens, owner  # the planner whose sources and K its steps take
+        # its sources' priors per (source, kind) and what the counts keep from one step to the next
+        self.priors: Mapping[Key, tuple[float, float, bool]] = owner.priors
+        self.decay: float = owner.decay
         self.reached: dict[Key, np.ndarray] = {}
         self.accepted: dict[Key, np.ndarray] = {}
         self.n_out = self.free_written = 0

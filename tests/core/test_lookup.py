@@ -123,7 +123,9 @@ def test_continuations_ranked_by_how_often_they_followed_then_by_recency():
     # a tie is no majority at agree 0.5; where a tie is enough, the latest continuation wins it
     tie = [1, 2, 7, 0, 1, 2, 8, 0, 1, 2]
     assert propose(LookupDrafter(min_match=2, sure_match=2, max_match=2), tie, 3) == []
-    assert propose(LookupDrafter(min_match=2, sure_match=2, max_match=2, agree=0.3), tie, 3) == [8, 0, 1]
+    lenient = LookupDrafter(min_match=2, sure_match=2, max_match=2)
+    lenient.agree = 0.3
+    assert propose(lenient, tie, 3) == [8, 0, 1]
 
 
 def test_draft_stops_where_continuations_part():
@@ -139,7 +141,8 @@ def test_short_matches_that_keep_failing_are_dropped():
     """With a fixed K the planner bets on a kind of match while its first drafts are kept as often
     as not: the 2-token match "1 2" keeps predicting 9 and the target keeps writing something else,
     so it stops being bet on while the sure 4-token match still is; a new run forgets it."""
-    d = LookupDrafter(min_match=2, max_match=4, sure_match=4, max_candidates=32)
+    d = LookupDrafter(min_match=2, max_match=4, sure_match=4)
+    d.max_candidates = 32
     planner = Planner([d], k=1)
     record = planner.record(100)
 

@@ -14,7 +14,7 @@ import pytest
 from specmac.api import Pair
 from specmac.core.costs import K_MAX, Costs, best_k
 from specmac.core.drafters import Drafter
-from specmac.core.planner import HOLD, LENGTH, Planner, Record
+from specmac.core.planner import HOLD, LENGTH, Planner
 from specmac.core.sampling import SamplingParams
 from specmac.core.sources import split_draft
 from specmac.errors import BadOption
@@ -46,11 +46,18 @@ def curve(t1: float, beta: float, n: int = 17) -> list[float]:
 
 # --- the record --------------------------------------------------------------------------------
 
+def record_of(max_tokens: int, priors: dict):
+    """A sequence's record under a planner of no sources whose priors are ``priors``."""
+    planner = Planner([])
+    planner.priors = priors
+    return planner.record(max_tokens)
+
+
 def test_a_models_survival_is_its_beta_posterior():
     """One rate: S(j) = E[alpha^j] under Beta(a, b), a and b the prior's plus the pooled accepted
     drafts and rejections; Beta(1, 1) gives 1 / (j + 1), and uncertainty makes long runs likelier
     than the mean's alpha^j (alpha^j is convex)."""
-    r = Record(100, {("m", "model"): (0.5, 2.0, True)}, decay=0.97)
+    r = record_of(100, {("m", "model"): (0.5, 2.0, True)})
     assert r.survival(("m", "model"), 6) == pytest.approx([1 / (j + 1) for j in range(7)], rel=1e-12)
     r.learn(("m", "model"), [1, 2, 3, 4], [1, 2, 3, 9])  # 3 accepted, rejected at the 4th
     r.learn(("m", "model"), [1, 2], [1, 2, 5])  # 2 accepted, the bonus
@@ -63,7 +70,7 @@ def test_a_models_survival_is_its_beta_posterior():
 def test_a_free_kinds_survival_is_counted_by_depth():
     """Run lengths: depth j's share is its own counts shrunk towards the share before it (the prior
     p before the first), with the prior's weight; a depth no proposal reached leans on the one before."""
-    r = Record(100, {("f", "x"): (0.5, 2.0, False)}, decay=0.97)
+    r = record_of(100, {("f", "x"): (0.5, 2.0, False)})
     r.learn(("f", "x"), [1, 2, 3], [1, 2, 9])  # reached depths 1..3, accepted 1..2
     s0 = (1 + 2 * 0.5) / (1 + 2)
     s1 = (1 + 2 * s0) / (1 + 2)
@@ -74,7 +81,7 @@ def test_a_free_kinds_survival_is_counted_by_depth():
 def test_the_text_says_nothing_beyond_what_it_committed():
     """A proposal is accepted as far as it agrees with the committed tokens and rejected at the first
     difference; past the committed tokens (EOS, a plain step's one token) nothing is known."""
-    r = Record(100, {}, decay=0.97)
+    r = record_of(100, {})
     r.learn(("f", "x"), [1, 2, 3, 4], [1, 2])  # agreed on both: censored at depth 2
     assert r.reached[("f", "x")].tolist() == [1, 1] and r.accepted[("f", "x")].tolist() == [1, 1]
     r.learn(("f", "x"), [5, 6], [1])  # the first differs: a rejection at depth 1
@@ -87,7 +94,7 @@ def test_the_text_says_nothing_beyond_what_it_committed():
 def test_the_tokens_left_are_the_heavy_tailed_expectation():
     """E[min(L, max_tokens) - n | L > n] for P(L > x) = c / (c + x), integrated numerically."""
     for m, n in ((96, 0), (96, 40), (4096, 0), (4096, 1000)):
-        r = Record(m, {}, decay=0.97)
+        r = record_of(m, {})
         r.n_out = n
         x = np.linspace(n, m, 200001)
         want = np.trapezoid((LENGTH + n) / (LENGTH + x), x)
