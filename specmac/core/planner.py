@@ -182,11 +182,13 @@ class Planner:
         return pick
 
     def _t(self, n: np.ndarray | int) -> np.ndarray:
-        """Seconds of a pass over n tokens; past the curve, its last step extended."""
+        """Seconds of a pass over n tokens; past the curve, extended by its last step or, where
+        that is less (a noisy last width), by its mean step: a wide pass never looks nearly free."""
         c = self.costs.curve()
         n = np.asarray(n)
         top = len(c) - 1
-        return np.where(n <= top, c[np.minimum(n, top)], c[top] + (c[top] - c[top - 1]) * (n - top))
+        slope = max(c[top] - c[top - 1], (c[top] - c[1]) / max(top - 1, 1), 0.0)
+        return np.where(n <= top, c[np.minimum(n, top)], c[top] + slope * (n - top))
 
     def _options(self, record: Record, offers: Sequence[Offer], behind: Mapping[int, int],
                  room: int) -> tuple[list[int | None], np.ndarray, np.ndarray, np.ndarray]:
@@ -282,8 +284,9 @@ class Planner:
         is kept further than the model drafts, for the few widths more. Under k="auto" only, and
         never a guess; None where no continuation pays."""
         i, k = choice
-        offers = [o for o in offers if o[2] not in self.sources[o[0]].guesses]
-        if self.k is not None or not offers:
+        top = self.costs.widest(K_MAX + 1) - 1 - k  # the pass no wider than the costs have seen
+        offers = [(j, d[:top], kind) for j, d, kind in offers if kind not in self.sources[j].guesses]
+        if self.k is not None or top < 1 or not offers:
             return None
         ex, s, passes, share = (x[0] for x in self._model_step(record, i, n_behind, np.array([k])))
         best, pick = ex / (self._t(k + 1) + passes + share), None

@@ -374,6 +374,24 @@ def test_a_models_drafts_are_extended_by_a_copied_stretch_where_the_width_is_che
     assert fixed.extend(record, [(1, [7, 8, 9], "x")], (0, 4), 1) is None
 
 
+def test_an_extension_stays_within_the_widths_the_costs_have_seen():
+    """Past the measured curve a pass's cost is a guess: a long copied stretch after the model's
+    drafts is verified only as far as the widest pass the costs know (here 9 tokens: 4 drafts, 4
+    of the stretch and the bonus), and a curve whose last measured step is noise (smaller than the
+    ones before it) is not extended by that step."""
+    planner = Planner([Model((0.9, 40.0, True)), Free()],
+                      Costs([1.0 + 0.001 * n for n in range(9)], {"m": 0.05}))
+    record = planner.record(10**6)
+    for _ in range(10):
+        record.learn(("free", "x"), list(range(40)), list(range(40)))
+    ext = planner.extend(record, [(1, list(range(100, 140)), "x")], (0, 4), 1)
+    assert ext is not None and 1 <= len(ext[1]) <= 9 - 1 - 4
+    assert planner.extend(record, [(1, list(range(100, 140)), "x")], (0, 8), 1) is None
+    noisy = Planner(planner.sources, Costs([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.79], {"m": 0.05}))
+    wide = noisy._t(np.array([9, 20, 60]))
+    assert (np.diff(wide) > 0).all() and wide[-1] > 0.79 + 0.08 * 50
+
+
 def test_an_extension_is_learnt_as_its_kind_and_only_where_it_was_reached():
     planner = Planner([Model(), Free()], Costs([1.0] * 9, {"m": 0.01}))
     record = planner.record(100)
