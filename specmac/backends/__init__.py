@@ -196,6 +196,12 @@ class BaseBackend:
                 lane.prefill(tokens)
         return out
 
+    def forwards(self, widths: Sequence[int]) -> list[int]:
+        """The forwards ``score_many`` makes for asks of these token counts, as the tokens each
+        computes: one over them all where ``can_batch`` (the planner prices a pass by it), else
+        one per ask."""
+        return [sum(widths)] if self.can_batch else list(widths)
+
     def save(self) -> Saved:
         """The cache now (``held`` known): a copy its later changes leave alone (``can_save``)."""
         raise NotImplementedError(f"the {self.name} backend cannot save its cache")

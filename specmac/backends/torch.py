@@ -211,6 +211,11 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
                     out[j] = logits if tail_rows(rows, len(tokens)) else None
         return out
 
+    def forwards(self, widths):
+        """One padded forward per group ``score_many`` makes (asks x the group's longest tokens):
+        asks of unlike widths (one stream drafting, the others not) cost two forwards, not one."""
+        return [len(g) * g[0] for g in pad_groups(list(widths), size=lambda n: n)]
+
     def _forward_padded(self, group) -> list[np.ndarray]:
         lanes = [lane for _, lane, _, _ in group]
         past = [lane._n_past for lane in lanes]
@@ -273,13 +278,14 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
 PAD_WASTE = 1.5  # a forward over padded asks computes at most this many times their real tokens
 
 
-def pad_groups(work: list) -> list[list]:
+def pad_groups(work: list, size=lambda w: len(w[2])) -> list[list]:
     """Asks (j, lane, tokens, rows) in groups scored together: from the longest down, an ask joins
-    the group while the padded forward (asks x the longest) stays within ``PAD_WASTE`` of their tokens."""
+    the group while the padded forward (asks x the longest) stays within ``PAD_WASTE`` of their
+    tokens. ``size``: an ask's token count."""
     groups: list[list] = []
-    for w in sorted(work, key=lambda w: -len(w[2])):
+    for w in sorted(work, key=lambda w: -size(w)):
         g = groups[-1] if groups else None
-        if g is not None and (len(g) + 1) * len(g[0][2]) <= PAD_WASTE * sum(len(x[2]) for x in [*g, w]):
+        if g is not None and (len(g) + 1) * size(g[0]) <= PAD_WASTE * sum(size(x) for x in [*g, w]):
             g.append(w)
         else:
             groups.append([w])

@@ -128,11 +128,9 @@ class Stream:
         for s in self.sources:
             s.begin(seq if reuse else [])
         self.pending = seq[self.n_cached:-1]  # the prompt's tokens the target has still to process
-        self.t_prefill = 0.0
-        self.done = False
+        self.t_prefill, self._t_ask, self.done = 0.0, 0.0, False
         self._step: tuple = ()
         self._clock: _Clock | None = None
-        self._t_ask = 0.0
 
     def prefilled(self, n: int, seconds: float) -> None:
         """The target processed the first n tokens of ``pending`` in ``seconds``."""
@@ -315,7 +313,7 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
             stepping.append(i)
             asks.append(ask)
     if len(asks) > 1:
-        choices = planner.plan([(a.record, a.offers, a.behind, a.room) for a in asks])
+        choices = planner.plan([(a.record, a.offers, a.behind, a.room) for a in asks], target.forwards)
     else:  # alone: its own planner's choice, as speculative_steps makes it
         choices = [a.record.owner.choose(a.record, a.offers, a.behind, a.room) if a.room
                    else (None, 0) for a in asks]
@@ -347,8 +345,9 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
             out[i] = e
     for i, n in fills:
         streams[i].prefilled(n, t)
-    if not fills:  # a pass of steps alone: what it cost at its width refines the planner's costs
-        planner.costs.observe(sum(len(tokens) for _, tokens, _ in items), t)
+    shape = target.forwards([len(tokens) for _, tokens, _ in items])
+    if not fills and len(shape) == 1:  # one forward of steps alone: its cost at its width refines the costs
+        planner.costs.observe(shape[0], t)
     return out
 
 

@@ -36,7 +36,7 @@ one with the most tokens per second (or none), on the run's own timings.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -93,11 +93,14 @@ class Planner:
             return (0, min(len(fit[0][1]), room, self.k)) if fit else (None, 0)
         return self.plan([(record, offers, behind, room)])[0]
 
-    def plan(self, asks: Sequence[tuple[Record, Sequence[Offer], Mapping[int, int], int]]) -> list[Choice]:
+    def plan(self, asks: Sequence[tuple[Record, Sequence[Offer], Mapping[int, int], int]],
+             forwards: Callable[[list[int]], list[int]] = lambda ws: [sum(ws)]) -> list[Choice]:
         """Every active sequence's (source, width) for the next pass: the most expected tokens per
         second over the pass (module docstring); each sequence's options its record owner's. With
         several, each in turn takes its best option given the others', from two starts (all plain;
-        each at its best alone, which finds what pays only together: a model drafting for all)."""
+        each at its best alone, which finds what pays only together: a model drafting for all).
+        ``forwards``: the forwards the target makes for the sequences' token counts, as tokens
+        each (``BaseBackend.forwards``; default one over them all): the pass costs their sum."""
         owners = [ask[0].owner for ask in asks]
         opts = [p._options(*ask) for p, ask in zip(owners, asks)]
         # a model whose backend scores several lanes in one pass drafts for every sequence at once
@@ -122,18 +125,24 @@ class Planner:
                     alone += opts[j][3][i]
             return alone + sum(v * scale[x][count[x]] for x, v in most.items()), most, count
 
+        tt = self._t(np.arange(len(opts) * (2 + max(int(o[1].max()) for o in opts)) + 1)).tolist()
+
+        def seconds(lens: list[int]) -> float:
+            return sum(tt[n] for n in forwards(lens))
+
         def ascend(pick: list[int]) -> list[int]:
             for _ in range(3 if len(opts) > 1 else 1):
                 moved = False
                 for r, (_, w, e, d) in enumerate(opts):
-                    width = sum(1 + opts[j][1][i] for j, i in enumerate(pick) if j != r)
+                    others = [1 + int(opts[j][1][i]) for j, i in enumerate(pick) if j != r]
                     got = sum(opts[j][2][i] for j, i in enumerate(pick) if j != r)
                     base, most, count = paid(pick, r)
                     top = np.array([most.get(x, 0.0) for x in names[r]])
                     was = np.array([scale[x][count.get(x, 0)] for x in names[r]]) * top
                     grown = np.array([scale[x][count.get(x, 0) + 1] for x in names[r]]) * np.maximum(d, top)
                     cost = base + np.where(shared[r], grown - was, d)
-                    best = int(np.argmax((got + e) / (self._t(width + 1 + w) + cost)))
+                    t = {x: seconds([*others, 1 + x]) for x in {int(x) for x in w}}
+                    best = int(np.argmax((got + e) / (np.array([t[int(x)] for x in w]) + cost)))
                     moved |= best != pick[r]
                     pick[r] = best
                 if not moved:
@@ -141,8 +150,8 @@ class Planner:
             return pick
 
         def rate(pick: list[int]) -> float:
-            width = sum(1 + opts[j][1][i] for j, i in enumerate(pick))
-            return sum(opts[j][2][i] for j, i in enumerate(pick)) / (float(self._t(width)) + paid(pick)[0])
+            lens = [1 + int(opts[j][1][i]) for j, i in enumerate(pick)]
+            return sum(opts[j][2][i] for j, i in enumerate(pick)) / (seconds(lens) + paid(pick)[0])
 
         pick = ascend([0] * len(opts))
         if len(opts) > 1:  # the second start: each sequence at its best alone

@@ -59,6 +59,30 @@ def test_one_pass_over_lanes_gives_each_its_own_rows(name, opts):
         assert np.array_equal(again[0].argmax(-1), again[1].argmax(-1))
 
 
+def test_torch_forwards_are_the_ones_score_many_makes():
+    """What the planner prices a pass by (``forwards``) is what the padded pass computes: asks of
+    unlike widths in forwards of their own (here the 4-token ask alone, the three 1-token ones
+    together), asks of like widths in one."""
+    need("torch")
+    b = load_backend("torch", None, {"dtype": "float32"})
+    seqs = [b.encode(t) for t in TEXTS]
+    lanes = b.lanes(4)
+    b.score_many([(lane, s[:-4], False) for lane, s in zip(lanes, seqs)])
+    shapes = []
+    hook = b.model.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        for widths in ([4, 1, 1, 1], [1, 1, 1, 1]):
+            shapes.clear()
+            b.score_many([(lane, s[-4:][:w], True) for lane, s, w in zip(lanes, seqs, widths)])
+            for lane, s in zip(lanes, seqs):
+                lane.rewind(len(s) - 4)
+            assert sorted(n * m for n, m in shapes) == sorted(b.forwards(widths)), (widths, shapes)
+    finally:
+        hook.remove()
+    assert b.forwards([4, 1, 1, 1]) == [4, 3] and b.forwards([2, 2, 2, 2]) == [8]
+
+
 @pytest.mark.parametrize("name, opts", [*BACKENDS, ("synthetic", None)])
 def test_a_pass_returns_only_the_last_rows_asked_for(name, opts):
     """``rows`` a number n: the logits of the last n positions, those of the whole pass's last n

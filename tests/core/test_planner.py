@@ -330,6 +330,24 @@ def test_a_batch_of_one_is_one_sequence_and_a_batch_shares_the_cheap_width():
     assert all(w == 0 for _, w in four)
 
 
+def test_a_batch_is_priced_by_the_forwards_the_target_makes():
+    """A target that pads its lanes to the longest (torch) scores one stream's drafts beside the
+    others' single tokens in a second forward: priced by the backend's ``forwards``, a draft that
+    pays in one forward over all the tokens is declined where it costs a forward of its own."""
+    planner = Planner([Free()], Costs([1.0 + 0.02 * n for n in range(33)]))
+    records = [planner.record(1000) for _ in range(4)]
+    for _ in range(10):
+        records[0].learn(("free", "x"), [1, 2, 3, 4], [1, 2, 3, 4])
+    asks = [(records[0], [(0, [1, 2, 3, 4], "x")], {}, 16)] + [(r, [], {}, 16) for r in records[1:]]
+    one = planner.plan(asks)
+    assert one[0][0] == 0 and one[0][1] >= 2 and all(c == (None, 0) for c in one[1:])
+
+    def padded(widths):  # the torch rule for these widths: the long ask alone, the rest together
+        return [sum(widths)] if len(set(widths)) == 1 else [max(widths), sum(widths) - max(widths)]
+
+    assert planner.plan(asks, padded) == [(None, 0)] * 4
+
+
 def test_a_model_drafting_for_several_sequences_is_priced_at_its_pass_for_that_many():
     """Four sequences on one model that drafts for all of them in each of its passes: where such a
     pass costs what one sequence's does, the plan drafts for all four; where the run timed it at
