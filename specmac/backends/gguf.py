@@ -220,20 +220,21 @@ class GGUFBackend(BaseBackend):
 
         def decode() -> int:
             return self._decode_abortable(b) if long else llama_cpp.llama_decode(self._ctx, b)
-        rc = self._threads.timed(decode) if self._threads else decode()
-        if rc != 0:
-            llama_cpp.llama_memory_seq_rm(self._mem, self._seq, self._n_past, -1)  # what its ubatches left
-            raise RuntimeError(f"llama_decode failed with status {rc} at n_past={self._n_past}")
-        self._n_past += n
-        self._cold = False
+        try:
+            rc = self._threads.timed(decode) if self._threads else decode()
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed with status {rc} at n_past={self._n_past}")
+            self._n_past, self._cold = self._n_past + n, False
+        except BaseException:  # what its ubatches left, or a signal between the decode and n_past
+            llama_cpp.llama_memory_seq_rm(self._mem, self._seq, self._n_past, -1)
+            raise
         n_out = n if all_logits else 1
         ptr = llama_cpp.llama_get_logits(self._ctx)  # the requested rows, in batch order
         return np.ctypeslib.as_array(ptr, shape=(n_out, self._n_vocab)).copy()
 
     def _decode_abortable(self, batch) -> int:
-        """llama_decode with SIGINT/SIGTERM held and the abort callback set: a signal stops it at
-        the next graph node (main thread only, where signals arrive), the cache goes back to
-        n_past (finished ubatches stay in it otherwise), and the signal is raised."""
+        """llama_decode with SIGINT/SIGTERM held and the abort callback set: a signal stops it at the
+        next graph node (main thread only) and is raised, the cache back at n_past (not ubatches')."""
         if threading.current_thread() is not threading.main_thread():
             return llama_cpp.llama_decode(self._ctx, batch)
         while True:
@@ -248,8 +249,7 @@ class GGUFBackend(BaseBackend):
                     llama_cpp.llama_set_abort_callback(self._ctx, _NO_ABORT, None)
                 if pending:  # stopped, or done as the signal came: as if never called
                     llama_cpp.llama_memory_seq_rm(self._mem, self._seq, self._n_past, -1)
-                elif rc != 0:
-                    llama_cpp.llama_memory_seq_rm(self._mem, self._seq, self._n_past, -1)
+                elif rc != 0:  # the caller puts the cache back
                     raise RuntimeError(f"llama_decode failed with status {rc} at n_past={self._n_past} "
                                        f"({first_error(log)})")
             if not pending:
