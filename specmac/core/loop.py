@@ -345,9 +345,8 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
             out[i] = e
     for i, n in fills:
         streams[i].prefilled(n, t)
-    shape = target.forwards([len(tokens) for _, tokens, _ in items])
-    if not fills and len(shape) == 1:  # one forward of steps alone: its cost at its width refines the costs
-        planner.costs.observe(shape[0], t)
+    if not fills and len(shape := target.forwards([len(x) for _, x, _ in items])) == 1:
+        planner.costs.observe(shape[0], t)  # one forward of steps alone: its cost at its width refines T
     return out
 
 

@@ -125,10 +125,10 @@ class Planner:
                     alone += opts[j][3][i]
             return alone + sum(v * scale[x][count[x]] for x, v in most.items()), most, count
 
-        tt = self._t(np.arange(len(opts) * (2 + max(int(o[1].max()) for o in opts)) + 1)).tolist()
+        tt = self._t(np.arange(len(opts) * (2 + max(int(o[1].max()) for o in opts)) + 1))
 
         def seconds(lens: list[int]) -> float:
-            return sum(tt[n] for n in forwards(lens))
+            return float(sum(tt[n] for n in forwards(lens)))
 
         def ascend(pick: list[int]) -> list[int]:
             for _ in range(3 if len(opts) > 1 else 1):
@@ -141,8 +141,12 @@ class Planner:
                     was = np.array([scale[x][count.get(x, 0)] for x in names[r]]) * top
                     grown = np.array([scale[x][count.get(x, 0) + 1] for x in names[r]]) * np.maximum(d, top)
                     cost = base + np.where(shared[r], grown - was, d)
-                    t = {x: seconds([*others, 1 + x]) for x in {int(x) for x in w}}
-                    best = int(np.argmax((got + e) / (np.array([t[int(x)] for x in w]) + cost)))
+                    if others:
+                        t = {x: seconds([*others, 1 + x]) for x in {int(x) for x in w}}
+                        tw = np.array([t[int(x)] for x in w])
+                    else:  # alone (every step of one stream): one forward over its width
+                        tw = tt[1 + w]
+                    best = int(np.argmax((got + e) / (tw + cost)))
                     moved |= best != pick[r]
                     pick[r] = best
                 if not moved:
