@@ -27,7 +27,11 @@ to draft for: the tokens the answer has left, at the chance it ends before ``max
 that has run n tokens is taken to run as far again about as often as not: lengths with the heavy
 tail S(x) = c / (c + x), c = ``length``), times the share of the text not written by free sources'
 accepted drafts. So a long prompt with a short answer is decoded without starting the model, and a
-code edit the lookup copies does not pay for a model it would rarely use.
+code edit the lookup copies does not pay for a model it would rarely use. Beside free sources a
+model is not started before the sequence has decoded for as long as its prefill would take (a
+ski-rental rule): how long the answer runs and how much of it the free sources copy are seen
+rather than guessed from a few tokens, a text they copy or an answer that ends early never pays the
+prefill, and one that needs the model waits at most the prefill's own time for it.
 
 With a fixed K the widths are the user's: a model drafts K, a free source its proposal up to K
 where its first draft is as likely accepted as not; with several sources each step still takes the
@@ -46,7 +50,6 @@ from specmac.core.record import MODEL_PRIOR, OPTIMISM, SHARE_PRIOR, Key, Record 
 
 K_DEFAULT = 4  # drafts per step unless told otherwise
 LENGTH = 128  # tokens: the scale of the prior on an answer's length (half of all answers are longer)
-HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
 BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
 
 Offer = tuple[int, list[int], str]  # (source index, drafts, kind): a free source's proposal
@@ -215,7 +218,7 @@ class Planner:
             if ks is None:
                 continue
             ex, _, passes, share = self._model_step(record, i, n_behind, ks)
-            if share.any() and not record.note and n_behind > 2:
+            if n_behind > 2:  # not started yet: why not, as of this step
                 self._explain(record, n_behind, ex, passes, share, ks)
             src += [i] * len(ks)
             w += [int(k) for k in ks]
@@ -262,8 +265,12 @@ class Planner:
         top = min(room, self.k) if self.k is not None else min(room, K_MODEL, costs.widest(K_MAX + 1) - 1)
         if top < 1 or not (alone or costs.knows(name)):
             return None
-        if self._free and record.n_out < HOLD and n_behind * costs.prefill(name) > HOLD * costs.curve()[1]:
-            return None  # the free sources are tried first: a text they copy would not pay the prefill back
+        prefill = n_behind * costs.prefill(name)
+        if self._free and n_behind > 2 and record.elapsed < prefill:  # free sources first (module docstring)
+            record.note = (f"model draft not started: its prefill of {n_behind} tokens \u2248 "
+                           f"{prefill:.2g} s is longer than the {record.elapsed:.2g} s decoded; free "
+                           "sources go first until the run has decoded for as long")
+            return None
         return np.array([top]) if self.k is not None else np.arange(1, top + 1)
 
     def _model_step(self, record: Record, i: int, n_behind: int, ks: np.ndarray):
@@ -279,7 +286,7 @@ class Planner:
         return ex, s[ks], passes, ex * n_behind * self.costs.prefill(name) / left
 
     def _explain(self, record: Record, n_behind: int, ex, passes, share, ks) -> None:
-        """Note why the model is not started where its prefill is what stops it (once a sequence)."""
+        """Note why the model is not started where its prefill is what stops it, else no note."""
         t = self.costs.curve()
         free = float(np.max(ex / (passes + t[ks + 1])))
         if free > 1.0 / t[1] >= float(np.max(ex / (passes + t[ks + 1] + share))):
@@ -289,6 +296,8 @@ class Planner:
             record.note = (f"model draft not started: its prefill of {n_behind} tokens \u2248 "
                            f"{prefill:.2g} s exceeds the best saving over the \u2248{left:.0f} tokens it "
                            f"would draft for \u2248 {saving:.2g} s")
+        else:
+            record.note = ""
 
     def extend(self, record: Record, offers: Sequence[Offer], choice: Choice, n_behind: int) -> Offer | None:
         """After a model drafted (``choice``): a free source's continuation of its drafts (``offers``:
@@ -329,7 +338,7 @@ class Planner:
         accepted = common_prefix(drafts, committed, len(drafts))
         free = src is not None and self.sources[src].backend is None
         if src is not None and not free:
-            name, k = self.sources[src].name, choice[1]
+            name, k, record.note = self.sources[src].name, choice[1], ""  # started: no note of why not
             record.learn((name, "model"), drafts[:k], committed)
             if ext is not None and accepted >= k:  # the extension was reached: learnt as its kind
                 record.learn((self.sources[ext[0]].name, ext[2]), ext[1], committed[k:])
