@@ -25,6 +25,7 @@ loop's own work and the draft's contention with the target. Run on another check
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -169,10 +170,14 @@ def replay_text(x: dict, vocab: Vocab, eos: int, curve: list[float], t_draft: fl
     target = Replay("replay", vocab, truth, nxt, t_cost)
     draft = Replay("draft", vocab, truth, guess, lambda k: max(t_draft, k * prefill))
     out = {}
+    # every drafter from empty caches, as its own run would start (a hybrid after the model draft
+    # would find the draft holding the prompt, its prefill already paid); a checkout that keeps no
+    # caches between generations takes no ``reuse``
+    fresh = {"reuse": False} if "reuse" in inspect.signature(specmac.api.Pair.stream).parameters else {}
     for kind in ["plain", *DRAFTS]:
         pair = specmac.api.Pair(target, sources(kind, draft))
         g = pair.generate(x["prompt"], params=SamplingParams(0.0), k="auto" if kind != "plain" else 1,
-                          max_tokens=n)
+                          max_tokens=n, **fresh)
         if g.token_ids != x["output"][:n]:
             raise AssertionError(f"{x['id']} {kind}: the replay wrote another text than the recorded one")
         out[kind] = {"seconds": g.stats.seconds, "sources": dict(g.stats.sources)}
