@@ -27,11 +27,7 @@ to draft for: the tokens the answer has left, at the chance it ends before ``max
 that has run n tokens is taken to run as far again about as often as not: lengths with the heavy
 tail S(x) = c / (c + x), c = ``length``), times the share of the text not written by free sources'
 accepted drafts. So a long prompt with a short answer is decoded without starting the model, and a
-code edit the lookup copies does not pay for a model it would rarely use. Beside free sources a
-model is not started before the sequence has decoded for as long as its prefill would take (a
-ski-rental rule): how long the answer runs and how much of it the free sources copy are seen
-rather than guessed from a few tokens, a text they copy or an answer that ends early never pays the
-prefill, and one that needs the model waits at most the prefill's own time for it.
+code edit the lookup copies does not pay for a model it would rarely use.
 
 With a fixed K the widths are the user's: a model drafts K, a free source its proposal up to K
 where its first draft is as likely accepted as not; with several sources each step still takes the
@@ -50,6 +46,7 @@ from specmac.core.record import MODEL_PRIOR, OPTIMISM, SHARE_PRIOR, Key, Record 
 
 K_DEFAULT = 4  # drafts per step unless told otherwise
 LENGTH = 128  # tokens: the scale of the prior on an answer's length (half of all answers are longer)
+HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
 BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
 
 Offer = tuple[int, list[int], str]  # (source index, drafts, kind): a free source's proposal
@@ -218,7 +215,7 @@ class Planner:
             if ks is None:
                 continue
             ex, _, passes, share = self._model_step(record, i, n_behind, ks)
-            if n_behind > 2:  # not started yet: why not, as of this step
+            if n_behind > 2 and (self.sources[i].name, "model") not in record.reached:  # not started yet
                 self._explain(record, n_behind, ex, passes, share, ks)
             src += [i] * len(ks)
             w += [int(k) for k in ks]
@@ -265,12 +262,8 @@ class Planner:
         top = min(room, self.k) if self.k is not None else min(room, K_MODEL, costs.widest(K_MAX + 1) - 1)
         if top < 1 or not (alone or costs.knows(name)):
             return None
-        prefill = n_behind * costs.prefill(name)
-        if self._free and n_behind > 2 and record.elapsed < prefill:  # free sources first (module docstring)
-            record.note = (f"model draft not started: its prefill of {n_behind} tokens \u2248 "
-                           f"{prefill:.2g} s is longer than the {record.elapsed:.2g} s decoded; free "
-                           "sources go first until the run has decoded for as long")
-            return None
+        if self._free and record.n_out < HOLD and n_behind * costs.prefill(name) > HOLD * costs.curve()[1]:
+            return None  # the free sources are tried first: a text they copy would not pay the prefill back
         return np.array([top]) if self.k is not None else np.arange(1, top + 1)
 
     def _model_step(self, record: Record, i: int, n_behind: int, ks: np.ndarray):

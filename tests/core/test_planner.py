@@ -14,7 +14,7 @@ import pytest
 from specmac.api import Pair
 from specmac.core.costs import K_MAX, Costs, best_k
 from specmac.core.drafters import Drafter
-from specmac.core.planner import LENGTH, Planner
+from specmac.core.planner import HOLD, LENGTH, Planner
 from specmac.core.sampling import SamplingParams
 from specmac.core.sources import split_draft
 from specmac.errors import BadOption
@@ -237,31 +237,39 @@ def test_a_long_prompt_with_a_short_answer_keeps_the_model_off():
     assert planner.choose(planner.record(96), [], {0: 60}, 95)[0] == 0
 
 
+def test_the_note_says_why_not_as_of_the_latest_step():
+    """The note of why the model is not started follows the sequence: once the same prefill pays
+    (the answer may run long), it is gone, not left saying the model was not started."""
+    planner = prefill_planner()
+    record = planner.record(96)
+    assert planner.choose(record, [], {0: 718}, 95) == (None, 0)
+    assert record.note.startswith("model draft not started")
+    record.max_tokens = 4096
+    assert planner.choose(record, [], {0: 718}, 95)[0] == 0
+    assert record.note == ""
+
+
 def test_the_prefill_is_paid_back_only_over_what_the_model_would_draft():
     """Beside a lookup that wrote most of the text (a code edit), the model's prefill is spread over
     the few tokens left to it; the same text written by plain steps starts it. (A run of 200 tokens:
     its budget for a try, 3% of the time left, is less than the prefill.)"""
     planner = prefill_planner(free=True)
     copied = planner.record(200)
-    copied.n_out, copied.free_written, copied.elapsed = 60, 55, 10.0
+    copied.n_out, copied.free_written = 60, 55
     assert planner.choose(copied, [], {0: 300}, 95) == (None, 0)
     plain = planner.record(200)
-    plain.n_out, plain.elapsed = 60, 10.0
+    plain.n_out = 60
     assert planner.choose(plain, [], {0: 300}, 95)[0] == 0
 
 
-def test_beside_free_sources_a_model_waits_as_long_as_its_prefill_would_take():
-    """Ski rental: beside free sources the model is not started before the sequence has decoded
-    for as long as its prefill (300 tokens, 1.5 s) would take, however many tokens that was; alone,
-    the model starts at once."""
+def test_beside_free_sources_a_costly_prefill_waits_a_few_tokens():
+    """The free sources are tried for the first ``HOLD`` tokens before a prefill dearer than as
+    many plain steps is paid (a text they copy would not pay it back); alone, the model starts."""
     planner = prefill_planner(free=True)
     record = planner.record(4096)
     assert planner.choose(record, [], {0: 300}, 95) == (None, 0)
-    record.n_out, record.elapsed = 40, 1.45  # fast steps: many tokens, less time than the prefill
-    assert planner.choose(record, [], {0: 300}, 95) == (None, 0)
-    record.elapsed = 1.55
+    record.n_out = HOLD
     assert planner.choose(record, [], {0: 300}, 95)[0] == 0
-    assert planner.choose(planner.record(4096), [], {0: 2}, 95)[0] == 0  # caught up: nothing to wait for
     assert prefill_planner().choose(prefill_planner().record(4096), [], {0: 300}, 95)[0] == 0
 
 
@@ -440,33 +448,27 @@ def no_repeated_trigrams(n: int, vocab: int = 47, seed: int = 0) -> list[int]:
     return ids
 
 
-def slow_prefill(drafts: str) -> Pair:
+@pytest.fixture(scope="module")
+def slow_prefill():
     """A target of 10 ms a pass at any width, a perfect draft of 1 ms a pass whose prefill grows
     with its tokens (0.3 ms each)."""
-    return Pair.load("synthetic", drafts, target_options={"latency_ms": 10, "beta": 0.0},
+    return Pair.load("synthetic", "lookup+synthetic", target_options={"latency_ms": 10, "beta": 0.0},
                      draft_options={"latency_ms": 1, "beta": 0.3, "noise": 0.0})
 
 
-@pytest.mark.parametrize("drafts", ["synthetic", "lookup+synthetic"])
-def test_the_model_is_started_where_the_run_can_win_its_prefill_back(drafts, tmp_path, monkeypatch):
-    """A 1000-token prompt the lookup cannot match: a short run decodes plainly (its stats say why:
-    the prefill against the saving, or beside the lookup the wait for as long as the prefill would
-    take), a long one starts the model alone; with a fixed K (beside the lookup: alone it is the
-    user's K) and with K auto; every text is plain decoding's. (Beside the lookup the long run's
-    text turns repetitive, which the lookup copies.)"""
+def test_the_model_is_started_where_the_run_can_win_its_prefill_back(slow_prefill, tmp_path, monkeypatch):
+    """A 1000-token prompt the lookup cannot match: a short run decodes plainly (its stats say why),
+    a long one starts the model, with a fixed K and with K auto; every text is plain decoding's."""
     monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path))
-    pair, prompt = slow_prefill(drafts), no_repeated_trigrams(1000)
-    for k in (4, "auto") if "lookup" in drafts else ("auto",):
-        planner = pair.planner(k)
-        short = pair.generate(prompt, params=GREEDY, max_tokens=8, k=planner)
+    prompt = no_repeated_trigrams(1000)
+    for k in (4, "auto"):
+        planner = slow_prefill.planner(k)
+        short = slow_prefill.generate(prompt, params=GREEDY, max_tokens=8, k=planner)
         assert short.stats.sources.get("synthetic", 0) == 0, k
-        note = planner.info()["note"]
-        assert note.startswith("model draft not started: its prefill of 10"), k
-        assert ("decoded" if "lookup" in drafts else "exceeds the best saving") in note, note
-        long = pair.generate(prompt, params=GREEDY, max_tokens=400, k=k)
-        if "lookup" not in drafts:
-            assert long.stats.sources.get("synthetic", 0) > 0, k
-    plain = pair.plain().generate(prompt, params=GREEDY, max_tokens=400)
+        assert planner.info()["note"].startswith("model draft not started: its prefill of 10"), k
+        long = slow_prefill.generate(prompt, params=GREEDY, max_tokens=400, k=k)
+        assert long.stats.sources.get("synthetic", 0) > 0, k
+    plain = slow_prefill.plain().generate(prompt, params=GREEDY, max_tokens=400)
     assert long.token_ids == plain.token_ids
 
 
