@@ -58,6 +58,9 @@ TOOL_FILES = ["specmac/errors.py", "specmac/vocab.py", "specmac/core/rejection.p
               "specmac/compare/workloads.py", "specmac/files.py", "specmac/cli/textin.py"]
 
 
+N_CTX = 8192  # every server's context window, in tokens (the agent's context reaches ~4,400)
+
+
 def chat_turns(source: str) -> list[dict]:
     """The chat scenario's turns: (messages added before the turn, max tokens)."""
     system = {"role": "system", "content": f"You answer questions about this file:\n```python\n{source}```"}
@@ -229,7 +232,8 @@ def servers(a) -> dict[str, list[str]]:
     target, draft = a.target or str(m / TARGET), str(m / DRAFT)
     topts = [x for o in a.target_opt for x in ("--target-opt", o)]
     spec = [py, "-m", "specmac", "serve", "--port", "{port}", "--target", a.target_backend,
-            "--target-model", target, *topts, "--model-name", "m", "--log-level", "warning"]
+            "--target-model", target, *topts, "--model-name", "m", "--log-level", "warning",
+            "--ctx-size", str(N_CTX)]  # the agent's outgrows a default of 2048
     if a.cache_ram is not None:
         spec += ["--cache-ram", str(a.cache_ram)]
     wide = [*spec, "--parallel", str(a.parallel)]
@@ -262,7 +266,7 @@ def llama_server(model: str, port: int) -> None:
     n = os.cpu_count() or 1
     with peer_defaults():
         app = create_app(server_settings=ServerSettings(host="127.0.0.1", port=port),
-                         model_settings=[ModelSettings(model=model, model_alias="m", n_ctx=4096,
+                         model_settings=[ModelSettings(model=model, model_alias="m", n_ctx=N_CTX,
                                                        n_threads=n, n_threads_batch=n, verbose=False)])
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
