@@ -233,7 +233,7 @@ def servers(a) -> dict[str, list[str]]:
     topts = [x for o in a.target_opt for x in ("--target-opt", o)]
     spec = [py, "-m", "specmac", "serve", "--port", "{port}", "--target", a.target_backend,
             "--target-model", target, *topts, "--model-name", "m", "--log-level", "warning",
-            "--ctx-size", str(N_CTX)]  # the agent's outgrows a default of 2048
+            "--ctx-size", str(N_CTX)]  # the agent's context outgrows specmac's default of 2048
     if a.cache_ram is not None:
         spec += ["--cache-ram", str(a.cache_ram)]
     wide = [*spec, "--parallel", str(a.parallel)]

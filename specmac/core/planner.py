@@ -331,7 +331,8 @@ class Planner:
         accepted = common_prefix(drafts, committed, len(drafts))
         free = src is not None and self.sources[src].backend is None
         if src is not None and not free:
-            name, k, record.note = self.sources[src].name, choice[1], ""  # started: no note of why not
+            name, k = self.sources[src].name, choice[1]
+            record.note = ""  # started (a try starts it without an option that explains): no note of why not
             record.learn((name, "model"), drafts[:k], committed)
             if ext is not None and accepted >= k:  # the extension was reached: learnt as its kind
                 record.learn((self.sources[ext[0]].name, ext[2]), ext[1], committed[k:])
