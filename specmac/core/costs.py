@@ -282,15 +282,24 @@ class Costs:
         """Seconds of one pass of the draft model ``name`` (0 where neither measured nor timed).
         ``lanes`` > 1: of one pass drafting for that many sequences at once (``pass_streams``),
         read off the passes the run timed at each number of lanes, one sequence's included, by
-        straight lines between them (beyond the most lanes timed: the pass for that many)."""
+        straight lines between them, and beyond the most lanes timed along the last of them (no
+        cheaper per lane). Before any such pass is timed, a lane costs what one sequence's pass
+        does: what sharing a pass saves is a property of the backend and the machine (a quantized
+        model on a CPU saves little), learnt from the passes that share, never assumed."""
         n, t = self.draft_seen.get(name, (0.0, 0.0))
         prior = self.draft_prior.get(name)
         one = (prior + t) / (1 + n) if prior is not None else t / n if n else 0.0
         wide = self.draft_wide.get(name)
-        if lanes <= 1 or not wide:
+        if lanes <= 1:
             return one
-        xs = sorted(wide)
-        return float(np.interp(lanes, [1, *xs], [one, *(wide[m][1] / wide[m][0] for m in xs)]))
+        if not wide:
+            return lanes * one
+        xs = [1, *sorted(wide)]
+        ys = [one, *(wide[m][1] / wide[m][0] for m in xs[1:])]
+        if lanes <= xs[-1]:
+            return float(np.interp(lanes, xs, ys))
+        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+        return ys[-1] + slope * (lanes - xs[-1])
 
     def lanes(self, name: str, lanes: int) -> float:
         """What a pass of ``name`` drafting for ``lanes`` sequences costs against one sequence's

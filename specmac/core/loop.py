@@ -230,7 +230,7 @@ class Stream:
         t_rule = self._clock.lap()
         self.planner.observe(self.record, ask.offers, choice, drafts, drafts[:a] + [nxt],
                              ask.behind.get(src, 0), t_draft, t_target + t_rule, ext,
-                             timed=t_pass is None, shared=shared)
+                             timed=t_pass is None, shared=shared, n_batch=n_batch)
         t_other = t_rule + self._clock.lap()  # the rule, the rewinds and the planner's learning
         event = Event(tokens=new, kinds=kinds, k=len(drafts), n_drafted=len(drafts), n_accepted=a,
                       t_draft=t_draft, t_target=t_target, t_other=t_other, finish_reason=done,

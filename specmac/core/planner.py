@@ -104,8 +104,9 @@ class Planner:
         owners = [ask[0].owner for ask in asks]
         opts = [p._options(*ask) for p, ask in zip(owners, asks)]
         # a model whose backend scores several lanes in one pass drafts for every sequence at once
-        # (``pass_streams``): the sequences' drafting seconds on it are the longest of them, each of
-        # its passes priced at what one drafting for that many sequences costs (``Costs.lanes``)
+        # (``pass_streams``): the sequences' drafting passes on it take the longest of them, each
+        # priced at what one drafting for that many sequences costs (``Costs.lanes``); the text each
+        # sequence's lane has not seen is its own to read (the prefills add up)
         shared = [np.array([s is not None and bool(getattr(p.sources[s].backend, "can_batch", False))
                             for s in o[0]]) for o, p in zip(opts, owners)]
         names = [[None if s is None else p.sources[s].name for s in o[0]] for o, p in zip(opts, owners)]
@@ -120,7 +121,9 @@ class Planner:
                     continue
                 if shared[j][i]:
                     x = names[j][i]
-                    most[x], count[x] = max(most.get(x, 0.0), opts[j][3][i]), count.get(x, 0) + 1
+                    most[x] = max(most.get(x, 0.0), opts[j][3][i] - opts[j][4][i])
+                    count[x] = count.get(x, 0) + 1
+                    alone += opts[j][4][i]
                 else:
                     alone += opts[j][3][i]
             return alone + sum(v * scale[x][count[x]] for x, v in most.items()), most, count
@@ -133,13 +136,14 @@ class Planner:
         def ascend(pick: list[int]) -> list[int]:
             for _ in range(3 if len(opts) > 1 else 1):
                 moved = False
-                for r, (_, w, e, d) in enumerate(opts):
+                for r, (_, w, e, d, pre) in enumerate(opts):
                     others = [1 + int(opts[j][1][i]) for j, i in enumerate(pick) if j != r]
                     got = sum(opts[j][2][i] for j, i in enumerate(pick) if j != r)
                     base, most, count = paid(pick, r)
                     top = np.array([most.get(x, 0.0) for x in names[r]])
                     was = np.array([scale[x][count.get(x, 0)] for x in names[r]]) * top
-                    grown = np.array([scale[x][count.get(x, 0) + 1] for x in names[r]]) * np.maximum(d, top)
+                    grown = (np.array([scale[x][count.get(x, 0) + 1] for x in names[r]])
+                             * np.maximum(d - pre, top) + pre)
                     cost = base + np.where(shared[r], grown - was, d)
                     if others:
                         t = {x: seconds([*others, 1 + x]) for x in {int(x) for x in w}}
@@ -159,36 +163,48 @@ class Planner:
 
         pick = ascend([0] * len(opts))
         if len(opts) > 1:  # the second start: each sequence at its best alone
-            solo = ascend([int(np.argmax(e / (self._t(1 + w) + d))) for _, w, e, d in opts])
+            solo = ascend([int(np.argmax(e / (self._t(1 + w) + d))) for _, w, e, d, _ in opts])
             pick = max(pick, solo, key=rate)
         out = [(o[0][i], int(o[1][i])) for o, i in zip(opts, pick)]
         for r, ask in enumerate(asks):  # nothing pays at the means: one sequence a pass tries a model
             owner = ask[0].owner
-            if out[r] == (None, 0) and owner.k is None and (tried := owner._try(*ask)) is not None:
+            if out[r] != (None, 0) or owner.k is not None:
+                continue
+            batch = None  # the others as picked: their widths, tokens and drafting seconds
+            if len(asks) > 1:
+                batch = ([1 + int(opts[j][1][i]) for j, i in enumerate(pick) if j != r],
+                         sum(opts[j][2][i] for j, i in enumerate(pick) if j != r), paid(pick, r)[0], seconds)
+            if (tried := owner._try(*ask, batch=batch)) is not None:
                 out[r] = tried
                 break
         return out
 
-    def _try(self, record: Record, offers, behind: Mapping[int, int], room: int) -> Choice | None:
-        """Where no option pays at the records' means: the model step that pays best at an
-        optimistic acceptance (``Record.hopeful``), priced as any model step is, tried where its
-        worst case (every draft rejected) fits the run's budget: ``BUDGET`` of the time decoded
-        (or, if more, of plain decoding over the tokens left), less what model steps lost so far
-        (gains count back). So trying never costs more than a few percent of a run, and a draft
-        that cannot pay even always accepted is never tried."""
+    def _try(self, record: Record, offers, behind: Mapping[int, int], room: int,
+             batch: tuple | None = None) -> Choice | None:
+        """Where no option pays at the means: the model step that pays best at an optimistic
+        acceptance (``Record.hopeful``), priced as any model step is, tried where its worst case
+        (every draft rejected) fits the run's budget: ``BUDGET`` of the time decoded (or, if more,
+        of plain decoding over the tokens left), less what model steps lost so far (gains count
+        back). So trying never costs more than a few percent of a run, and a draft that cannot pay
+        even always accepted is never tried. ``batch``: the other sequences of the pass as planned
+        (their widths, expected tokens, drafting seconds, and the pass's seconds for a list of
+        widths): the try pays at the pass's rate, and what its worst case delays the pass by counts
+        for every sequence waiting on it."""
         t = self.costs.curve()
         budget = BUDGET * max(record.elapsed, record.left(self.length) * t[1]) - record.lost
-        best, pick = 1.0 / t[1], None
+        lens, got, spent, seconds = batch or ([], 0.0, 0.0, lambda ws: float(self._t(sum(ws))))
+        base = seconds([*lens, 1]) + spent
+        best, pick = (got + 1.0) / base, None
         for i, n_behind in behind.items():
             ks = self._model_widths(record, i, n_behind, room)
             if ks is None:
                 continue
             ex, _, passes, share = self._model_step(record, i, n_behind, ks)
             hope = np.cumsum(record.hopeful((self.sources[i].name, "model"), int(ks[-1])))[ks]
-            width = self._t(ks + 1)
-            rate = hope / (passes + width + hope * (share / ex))  # the prefill's share of a hopeful step
+            width = np.array([seconds([*lens, 1 + int(k)]) for k in ks]) + spent
+            rate = (got + hope) / (passes + width + hope * (share / ex))  # a hopeful step, its prefill share
             prefill = n_behind * self.costs.prefill(self.sources[i].name) if n_behind > 2 else 0.0
-            ok = (rate > best) & (passes + width - t[1] + prefill <= budget)
+            ok = (rate > best) & ((passes + width - base + prefill) * (len(lens) + 1) <= budget)
             if ok.any():
                 j = int(np.argmax(np.where(ok, rate, -1.0)))
                 best, pick = float(rate[j]), (i, int(ks[j]))
@@ -204,10 +220,11 @@ class Planner:
         return np.where(n <= top, c[np.minimum(n, top)], c[top] + slope * (n - top))
 
     def _options(self, record: Record, offers: Sequence[Offer], behind: Mapping[int, int],
-                 room: int) -> tuple[list[int | None], np.ndarray, np.ndarray, np.ndarray]:
-        """(source, width, E, draft seconds) of each option of one sequence's step."""
+                 room: int) -> tuple[list[int | None], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(source, width, E, draft seconds, the prefill's share of them) of each option of one
+        sequence's step."""
         src: list[int | None] = [None]
-        w, e, d = [0], [1.0], [0.0]
+        w, e, d, pre = [0], [1.0], [0.0], [0.0]
         fixed = self.k is not None
         cap = min(room, self.k if fixed else self.costs.widest(K_MAX + 1) - 1)
         for i, n_behind in behind.items():
@@ -221,6 +238,7 @@ class Planner:
             w += [int(k) for k in ks]
             e += [float(x) for x in ex]
             d += [float(x) for x in passes + share]
+            pre += [float(x) for x in share]
         t = self._t(np.asarray(w) + 1)
         # a started model that beats a plain step: free sources' guesses no longer compete with it
         started = any(s is not None and behind[s] <= record.n_out and e[j] / (t[j] + d[j]) > 1 / t[0]
@@ -238,9 +256,10 @@ class Planner:
             w += list(ws)
             e += [float(ex[x]) for x in ws]
             d += [0.0] * len(ws)
+            pre += [0.0] * len(ws)
         if fixed and len(self.sources) == 1 and len(src) > 1:
-            src, w, e, d = src[1:], w[1:], e[1:], d[1:]  # one source and a fixed K: no choice to make
-        return src, np.asarray(w), np.asarray(e, float), np.asarray(d, float)
+            src, w, e, d, pre = src[1:], w[1:], e[1:], d[1:], pre[1:]  # one source, a fixed K: no choice
+        return src, np.asarray(w), np.asarray(e, float), np.asarray(d, float), np.asarray(pre, float)
 
     def _pooled_cap(self, record: Record, i: int, cap: int) -> int:
         """The widest a free source may bet under k="auto": the width its pooled record (all its
@@ -316,13 +335,14 @@ class Planner:
     # --- learning ---------------------------------------------------------------------------------
     def observe(self, record: Record, offers: Sequence[Offer], choice: Choice, drafts: Sequence[int],
                 committed: Sequence[int], behind: int, t_draft: float, t_step: float,
-                ext: Offer | None = None, timed: bool = True, shared: bool = False) -> None:
+                ext: Offer | None = None, timed: bool = True, shared: bool = False, n_batch: int = 1) -> None:
         """One step's outcome, reported once by the loop: the free sources' ``offers``, the
         ``choice`` and the ``drafts`` it verified (a model's followed by its extension ``ext``), the
         tokens the step ``committed``, how far the chosen model was ``behind``, and the seconds of
         drafting and of the step's pass and rule; ``timed``: the pass was this sequence's alone;
         ``shared``: the model drafted for other sequences in the same passes (the caller reports
-        the costs of a shared pass, and of shared drafting)."""
+        the costs of a shared pass, and of shared drafting); ``n_batch``: the sequences the pass
+        scored."""
         src = choice[0]
         if timed:
             self.costs.observe(len(drafts) + 1, t_step)
@@ -340,7 +360,10 @@ class Planner:
                 self.costs.observe_draft(name, k + (behind == 2), t_draft)
         record.elapsed += t_draft + t_step
         if src is not None and not free and self.k is None:  # what model steps lost against plain ones
-            record.lost += t_draft + t_step - len(committed) * float(self.costs.curve()[1])
+            # in a pass of n sequences: the seconds it delayed the pass (a plain one: T(n)) less
+            # its tokens beyond one, at the pass's price per token (alone: t - len(committed) T(1))
+            plain = float(self._t(n_batch))
+            record.lost += t_draft + t_step - plain - (len(committed) - 1) * plain / n_batch
         record.advance(len(committed), accepted if free else 0)
 
     def info(self) -> dict:

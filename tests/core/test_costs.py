@@ -191,13 +191,14 @@ def test_a_draft_pass_is_its_measured_pass_refined_by_the_run():
 
 def test_a_draft_pass_for_several_sequences_is_read_off_the_lanes_timed():
     """Passes drafting for several sequences at once are kept apart from one sequence's, by number
-    of lanes; a count not timed lies on the line between its neighbours, beyond the most timed it
-    is the pass for that many."""
+    of lanes; a count not timed lies on the line between its neighbours, beyond the most timed on
+    the last line further; before any is timed, a lane costs a pass of its own."""
     costs = Costs([1.0, 1.0], {"m": 0.02})
+    assert costs.draft("m", 4) == pytest.approx(0.08) and costs.lanes("m", 4) == pytest.approx(4.0)
     for _ in range(10):
         costs.observe_draft("m", 1, 0.05, lanes=4)
     assert costs.draft("m") == pytest.approx(0.02)
-    assert costs.draft("m", 4) == pytest.approx(0.05) and costs.draft("m", 8) == pytest.approx(0.05)
+    assert costs.draft("m", 4) == pytest.approx(0.05) and costs.draft("m", 8) == pytest.approx(0.09)
     assert costs.draft("m", 2) == pytest.approx(0.03)
     assert costs.lanes("m", 4) == pytest.approx(2.5) and costs.lanes("m", 1) == 1.0
     assert costs.lanes("unknown", 4) == 1.0

@@ -362,8 +362,9 @@ def test_a_batch_is_priced_by_the_forwards_the_target_makes():
 
 def test_a_model_drafting_for_several_sequences_is_priced_at_its_pass_for_that_many():
     """Four sequences on one model that drafts for all of them in each of its passes: where such a
-    pass costs what one sequence's does, the plan drafts for all four; where the run timed it at
-    three times that, fewer of them share the model's passes."""
+    pass was timed at what one sequence's costs, the plan drafts for all four; where the run timed
+    it at three times that, fewer of them share the model's passes; before any such pass is timed,
+    each sequence's lane costs a pass of its own (nothing saved by sharing is assumed)."""
     class Batching(Model):
         backend = type("Lanes", (), {"can_batch": True})()
 
@@ -378,10 +379,46 @@ def test_a_model_drafting_for_several_sequences_is_priced_at_its_pass_for_that_m
                 r.learn(("m", "model"), [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9])
         return planner.plan([(r, [], {0: 1}, 16) for r in records])
 
-    cheap, dear = plan(None), plan(0.36)
+    cheap, dear, untimed = plan(0.12), plan(0.36), plan(None)
     assert all(src == 0 and w >= 2 for src, w in cheap)
     assert sum(src == 0 for src, _ in dear) <= 2
-    assert plan(0.12) == cheap  # timed at one sequence's price: the same plan
+    assert sum(src == 0 for src, _ in untimed) <= 2
+
+
+def test_a_try_in_a_batch_pays_at_the_passs_rate():
+    """Where nothing pays at the means, a sequence alone tries the model at an optimistic
+    acceptance; beside three others in one pass, the same try delays all four for a draft that
+    would not pay the pass back even at that acceptance, and is not made."""
+    costs = Costs([1.0] * 8 + [1.0 + 0.15 * n for n in range(1, 26)], {"m": 0.3}, {"m": 0.0})
+    planner = Planner([Model((0.2, 4.0, True))], costs)
+    records = [planner.record(1000) for _ in range(4)]
+    assert planner.plan([(records[0], [], {0: 1}, 16)])[0][0] == 0  # alone: tried
+    assert planner.plan([(r, [], {0: 1}, 16) for r in records]) == [(None, 0)] * 4
+    records[0].lost = 1e9  # no budget for a try: alone, the choice at the mean is a plain step
+    assert planner.plan([(records[0], [], {0: 1}, 16)]) == [(None, 0)]
+
+
+def test_each_sequence_reads_its_own_text_on_a_model_it_shares():
+    """A shared model pass drafts for several sequences at once, but the text each one's lane has
+    not seen is read for that lane alone: four sequences starting the model together pay four
+    prefills (a plan that counted the dearest one only started all four here)."""
+    class Batching(Model):
+        backend = type("Lanes", (), {"can_batch": True})()
+
+    costs = Costs([1.0] * 33, {"m": 0.05}, {"m": 0.08})
+    costs.observe_draft("m", 50, 50 * 0.05, lanes=4)  # sharing a pass is free here
+    planner = Planner([Batching()], costs)
+    records = [planner.record(64) for _ in range(4)]
+    for r in records:
+        for _ in range(3):
+            r.learn(("m", "model"), [1, 2, 3, 4], [1, 2, 5])
+    assert planner.plan([(records[0], [], {0: 1}, 16)])[0][0] == 0  # started: it pays
+    started = planner.plan([(r, [], {0: 1}, 16) for r in records])
+    assert all(src == 0 for src, _ in started)  # and pays for all four, sharing its passes
+    alone = planner.plan([(records[0], [], {0: 160}, 16)])
+    four = planner.plan([(r, [], {0: 160}, 16) for r in records])
+    assert alone[0][0] == 0, alone  # one prefill of 160 tokens pays back over the answer
+    assert sum(src == 0 for src, _ in four) < 4, four  # four of them in one pass do not
 
 
 # --- the extension --------------------------------------------------------------------------------
