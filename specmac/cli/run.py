@@ -121,6 +121,11 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
                    "seed, every parting diagnosed. Exit status 1 on FAIL.")
 @click.option("--sequences", type=click.IntRange(min=1), default=None, metavar="N",
               help="With --exact: sequences compared [default: 24].")
+@click.option("--turns", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --exact: the sequences as conversations of N turns each (a turn's prompt: "
+                   "the last one's, half its answer and the context again), the speculative side "
+                   "reusing what its caches hold, the plain side from empty caches [default: 1, "
+                   "independent sequences].")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=None, metavar="LOGITS",
               help="With --exact: the batched-vs-serial difference on two flipped tokens accepted as "
                    "round-off [default: 0.1; llama.cpp's quantized kernels may need more, see "
@@ -132,7 +137,7 @@ def run(prompt, k_text, remeasure, max_tokens, prompt_file, prediction_file, cha
 @click.option("--against", metavar="[LABEL=]URL",
               help="With --endpoint: the server it is compared with (the same model without speculation).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def verify(k_text, tokens, length, exact, sequences, tolerance, endpoint, against, as_json, **kw):
+def verify(k_text, tokens, length, exact, sequences, turns, tolerance, endpoint, against, as_json, **kw):
     """Is the output still the target's? Chi-square tests per position, and greedy agreement.
 
     Each method (speculative, plain) generates independent continuations of --length
@@ -153,14 +158,17 @@ def verify(k_text, tokens, length, exact, sequences, tolerance, endpoint, agains
     if endpoint or against:
         from specmac.cli.verify_endpoint import verify_endpoints
 
+        if turns is not None:
+            raise UserError("--turns belongs to the seed-exact check of a pair (--exact), not to --endpoint")
+
         return verify_endpoints(endpoint, against, length=length, sequences=sequences, tolerance=tolerance,
                                 as_json=as_json, kw=kw)
     if kw["draft"] == "none":
         raise UserError("verify needs a draft: add --draft BACKEND (or --draft ngram)")
     k = parse_k(k_text)
     if exact:
-        return _verify_exact(k, length, sequences, tolerance, tokens, as_json, kw)
-    for flag, value in (("--sequences", sequences), ("--tolerance", tolerance)):
+        return _verify_exact(k, length, sequences, turns, tolerance, tokens, as_json, kw)
+    for flag, value in (("--sequences", sequences), ("--turns", turns), ("--tolerance", tolerance)):
         if value is not None:
             raise UserError(f"{flag} belongs to the seed-exact check: add --exact, or drop {flag}")
     if not isinstance(k, int):
@@ -218,7 +226,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-def _verify_exact(k, length, sequences, tolerance, tokens, as_json, kw) -> None:
+def _verify_exact(k, length, sequences, turns, tolerance, tokens, as_json, kw) -> None:
     from specmac.lossless import exact
 
     if tokens is not None:
@@ -227,13 +235,20 @@ def _verify_exact(k, length, sequences, tolerance, tokens, as_json, kw) -> None:
         raise UserError("--exact compares samples at T > 0: use --temperature 1 (at 0 verify "
                         "compares greedy outputs without --exact)")
     params = sampling_params(kw)
+    length, turns = length or exact.DEFAULT_LENGTH, turns or 1
     with Reporter() as report:
         with report.waiting("loading the models"):
             pair = load_pair(kw)
+        longest = turns * (length + max(len(pair.encode(c)) for c in exact.DEFAULT_CONTEXTS))
+        if turns > 1 and longest > pair.target.n_ctx:
+            raise UserError(f"--turns {turns} of --length {length} make a conversation of up to {longest} "
+                            f"tokens, past the target's context window ({pair.target.n_ctx}): use fewer "
+                            "turns, a shorter --length or a larger --ctx-size")
         policy = pair.planner(k, notify=report.say, progress=report)
     res = exact.exact_check(pair, params=params, n_sequences=sequences or exact.DEFAULT_SEQUENCES,
-                            length=length or exact.DEFAULT_LENGTH, k=policy, seed=kw["seed"],
-                            tolerance=exact.TOLERANCE if tolerance is None else tolerance)
+                            length=length, k=policy, seed=kw["seed"],
+                            tolerance=exact.TOLERANCE if tolerance is None else tolerance,
+                            turns=turns)
     res["k"] = k
     res.update(pair.info())
     res["verdict"] = exact.verdict(res)

@@ -9,7 +9,8 @@ within a few tokens, where the chi-square harness (harness.py) needs ~10^5 token
 
 Where the two part, the target's rows for that token are recomputed from fresh caches: serial
 (prefill, then a one-token pass, as plain decoding runs) and batched (the speculative
-step's pass, as wide as it was), both perturbed by the noise of that position. The parting is a
+step's pass, as wide as it was, its past in two pieces where the run found the first held: a
+conversation's earlier turn), both perturbed by the noise of that position. The parting is a
 *near-tie flip* when each side's token is its own row's choice up to the batched-vs-serial
 difference there (round-off decides it); then that difference, on the two tokens that flipped,
 is held against ``tolerance`` (logits): larger is a batched pass that differs from the one-token
@@ -61,7 +62,8 @@ def diagnose_parting(pair: Pair, prompt: Sequence[int], events: list, spec: list
     step_start, width = step_of(events, i)
     full = list(prompt) + spec[:i] + (spec[i:] + ref[i:] + [0] * width)[:width]
     P = len(prompt)
-    serial, batched = rows_at(pair, full, P + step_start, P + i, width)
+    cut = events[0].n_cached if events else 0  # what the run found held of the prompt: its pieces
+    serial, batched = rows_at(pair, full, P + step_start, P + i, width, cut=cut)
     g = GumbelNoise(seed, V)[i]  # the true noise of position i, whatever the run used
     S, B = perturb(serial, params, g), perturb(batched, params, g)
     finite = np.isfinite(S) & np.isfinite(B)
@@ -97,27 +99,40 @@ def exact_check(pair: Pair, *, params: SamplingParams, n_sequences: int = DEFAUL
                 contexts: Sequence[str] = DEFAULT_CONTEXTS, tolerance: float = TOLERANCE,
                 reference: Pair | None = None, rule: AcceptRule | None = None,
                 noise: Callable | None = None, stop_at_first_failure: bool = False,
-                progress: Callable[[int], None] | None = None) -> dict:
+                progress: Callable[[int], None] | None = None, turns: int = 1) -> dict:
     """n_sequences speculative sequences under the coupled sampler (contexts in turn, one seed
     each), each against the plain-decoding twin of ``reference`` (default: the same target alone);
-    every parting diagnosed. ``rule``/``noise`` plant wrong variants (tests)."""
+    every parting diagnosed. ``turns`` > 1: the sequences are the turns of conversations, that many
+    each (a turn's prompt: the last turn's prompt, the first half of its output and the context
+    again); the
+    speculative side keeps what its caches hold of the conversation (``Pair.stream``'s reuse),
+    the plain side starts each turn from empty caches, so a cache reused wrongly parts the two.
+    ``rule``/``noise`` plant wrong variants (tests)."""
     params = coupled(params)
     reference = reference or pair.plain()
     ctx_ids = [pair.encode(c) for c in contexts]
     kinds, partings, seqs = Counter(), [], []
     n_spec = n_ref = 0
     first_failure = None
+    prompt: list[int] = []
+    spec: list[int] = []
     for n in range(n_sequences):
-        c, s = n % len(ctx_ids), sequence_seed(seed, n)
-        prompt = ctx_ids[c]
+        conv, turn = divmod(n, turns)
+        c, s = (n if turns == 1 else conv) % len(ctx_ids), sequence_seed(seed, n)
+        # the last answer's first half only: the caches hold text past where the prompt parts (an
+        # answer a client edits, or re-sends as text that tokenizes otherwise), to be rewound
+        prompt = list(ctx_ids[c]) if turn == 0 else prompt + spec[: len(spec) // 2] + list(ctx_ids[c])
         events = list(pair.stream(prompt, params=params, max_tokens=length, k=k, seed=s, rule=rule,
                                   noise=noise))
         spec = [tok for e in events for tok in e.tokens]
         kinds.update(kd for e in events for kd in e.kinds)
-        ref = reference.generate(prompt, params=params, max_tokens=length, k=1, seed=s).token_ids
+        ref = reference.generate(prompt, params=params, max_tokens=length, k=1, seed=s,
+                                 reuse=turns == 1).token_ids
         n_spec, n_ref = n_spec + len(spec), n_ref + len(ref)
         i = first_difference(spec, ref)
-        seqs.append({"context": c, "seed": s, "tokens": len(spec), "identical": i is None})
+        seqs.append({"context": c, "seed": s, "tokens": len(spec), "identical": i is None}
+                    | ({"turn": turn + 1, "cached_tokens": events[0].n_cached if events else 0}
+                       if turns > 1 else {}))
         if i is not None:
             d = diagnose_parting(pair, prompt, events, spec, ref, i, params=params, seed=s,
                                  tolerance=tolerance)
@@ -128,7 +143,7 @@ def exact_check(pair: Pair, *, params: SamplingParams, n_sequences: int = DEFAUL
             progress(len(spec))
         if first_failure and stop_at_first_failure:
             break
-    return {"n_sequences": len(seqs), "length": length, "k": k, "contexts": list(contexts),
+    return {"n_sequences": len(seqs), "length": length, "k": k, "contexts": list(contexts), "turns": turns,
             "sampling": params.to_dict(), "tolerance_logits": tolerance,
             "n_tokens_speculative": n_spec, "n_tokens_target_only": n_ref,
             "n_identical": sum(x["identical"] for x in seqs), "n_by_kind": dict(kinds),
@@ -156,15 +171,21 @@ def verdict(res: dict) -> str:
                 f"(sequence {d['sequence']}, token {d['first_difference'] + 1}, a {d['token_kind']} token): "
                 f"{why}.")
     else:
-        head = (f"PASS: {res['n_identical']} of {n} sequences are token for token their plain-decoding twin"
-                + (f"; {flips} part at near-tie flips of the batched pass's round-off." if flips else "."))
+        turns = res.get("turns", 1)
+        conv = (f" ({-(-n // turns)} conversations of {turns} turns, each turn reusing the caches of the "
+                "last)" if turns > 1 else "")
+        head = (f"PASS: {res['n_identical']} of {n} sequences{conv} are token for token their "
+                "plain-decoding twin"
+                + (f"; {flips} part at near-tie flips of the round-off of the batched pass"
+                   + (" and of the prompt processed in pieces" if turns > 1 else "") + "." if flips else "."))
     kinds = res["n_by_kind"]
     tested = "Tested: " + ", ".join(f"{kinds[x]} {x}" for x in ("accepted", "corrected", "bonus", "target")
                                     if x in kinds) + f" tokens, {res['length']} per sequence."
     can = ("Can see: any systematic error of the pipeline that changes an emitted token (cache rewinds, "
            "stale or misaligned cache entries, a batched pass that computes something else, drafts "
            "misaligned with their rows, the bonus row, EOS and length bookkeeping, noise keyed by the "
-           "wrong position), within a few sequences.")
+           "wrong position" + (", a conversation's held cache reused wrongly from one turn to the next"
+                                if res.get("turns", 1) > 1 else "") + "), within a few sequences.")
     cannot = ("Cannot see: the rejection rule (not used by the coupled sampler; the exact tests of levels "
               "1-2 prove it), and anything about the drafts themselves (the coupled rule's output does not "
               "depend on them, only its acceptance does); errors rarer than once in "
@@ -174,7 +195,8 @@ def verdict(res: dict) -> str:
 
 def lines(res: dict) -> list[str]:
     """One row per parting."""
-    out = [f"sequences      {res['n_sequences']} x {res['length']} tokens, K {res['k']}, seed-exact "
+    turns = f", conversations of {res['turns']} turns" if res.get("turns", 1) > 1 else ""
+    out = [f"sequences      {res['n_sequences']} x {res['length']} tokens{turns}, K {res['k']}, seed-exact "
            f"twins: {res['n_identical']} identical",
            f"tokens         {res['n_tokens_speculative']} speculative, "
            f"{res['n_tokens_target_only']} plain"]

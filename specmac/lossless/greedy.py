@@ -29,11 +29,13 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def rows_at(pair: Pair, full: list[int], start: int, at: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+def rows_at(pair: Pair, full: list[int], start: int, at: int, width: int,
+            cut: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The target's logits [V] for the token at index ``at`` of ``full``: (serial, batched).
     Serial: prompt prefill then one-token passes, as plain decoding runs. Batched: the pass
     of the speculative step that began at index ``start``, ``width`` tokens wide (causal, so the
-    tokens after ``at`` only pad it to the width it had)."""
+    tokens after ``at`` only pad it to the width it had); with ``cut``, its past processed in two
+    pieces split there, as a run that found ``full[:cut]`` held (an earlier turn) processed it."""
     t, V = pair.target, pair.target.vocab.size
     t.reset()
     try:
@@ -41,8 +43,9 @@ def rows_at(pair: Pair, full: list[int], start: int, at: int, width: int) -> tup
             t.prefill(full[: at - 1])
         serial = align_logits(t.score([full[at - 1]]), V)[0]
         t.reset()
-        if start > 1:
-            t.prefill(full[: start - 1])
+        for a, b in ((0, cut), (cut, start - 1)) if 0 < cut < start - 1 else ((0, start - 1),):
+            if b > a:
+                t.prefill(full[a:b])
         batch = full[start - 1 : start - 1 + width]
         batched = align_logits(t.score(batch), V)[at - start]
     finally:

@@ -259,3 +259,23 @@ def test_the_identity_check_catches_planted_reuse_bugs(plant, monkeypatch):
         assert "llama_decode failed" in str(e)
         return
     assert got != fresh
+
+
+@pytest.mark.parametrize("plant", [None, _overclaim], ids=["honest", "overclaim"])
+def test_verify_exact_over_turns_catches_a_planted_reuse_bug(plant, monkeypatch):
+    """`specmac verify --exact --turns 3` on the embedded F16 pair: each turn reuses what the
+    caches hold of the conversation and matches its twin from empty caches; with the loop trusting
+    one token too many of the held prefix, a turn parts and the parting is a pipeline error, not
+    a near-tie flip of round-off."""
+    from specmac.lossless.exact import exact_check, verdict
+
+    if plant is not None:
+        plant(monkeypatch)
+    res = exact_check(_gguf_f16_pair(None), params=COUPLED, n_sequences=6, length=16, k=4, turns=3)
+    reused = [s["cached_tokens"] for s in res["sequences"] if s["turn"] > 1]
+    if plant is None:
+        assert len(reused) == 4 and all(n > 0 for n in reused), res["sequences"]
+        assert res["n_failures"] == 0 and res["n_identical"] == 6, res["partings"]
+    else:
+        assert res["n_failures"] > 0, res["partings"]
+        assert verdict(res).startswith("FAIL") and "pipeline error" in verdict(res)
