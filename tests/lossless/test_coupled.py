@@ -223,3 +223,23 @@ def test_cli_verify_exact_passes_the_synthetic_pair_with_json():
     bad = CliRunner().invoke(main, ["verify", "--draft", "synthetic", "--target", "synthetic",
                                     "--sequences", "3"])
     assert bad.exit_code == 2 and "add --exact" in bad.output
+
+
+def test_cli_verify_exact_over_turns_and_its_refusals():
+    """--turns: conversations whose turns reuse the caches, said in the verdict; refused without
+    --exact, beside --endpoint, and where a conversation would outgrow the context window."""
+    from click.testing import CliRunner
+
+    from specmac.cli import main
+
+    base = ["verify", "--draft", "synthetic", "--target", "synthetic"]
+    r = CliRunner().invoke(main, [*base, "--exact", "--sequences", "4", "--turns", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["turns"] == 2 and [s["turn"] for s in res["sequences"]] == [1, 2, 1, 2]
+    assert "2 conversations of 2 turns" in res["verdict"]
+    for extra, needle in ((["--turns", "2"], "add --exact"),
+                          (["--turns", "2", "--endpoint", "http://127.0.0.1:9/v1"], "not to --endpoint"),
+                          (["--exact", "--turns", "100", "--length", "64"], "context window")):
+        bad = CliRunner().invoke(main, [*base, *extra])
+        assert bad.exit_code == 2 and needle in bad.output, (extra, bad.output)
