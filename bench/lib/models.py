@@ -25,6 +25,9 @@ QWEN_05B_GGUF = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"  # Qwen/Qwen2.5-Coder-
 QWEN_15B_GGUF = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"  # Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF
 QWEN_05B_HF = "qwen2.5-coder-0.5b-instruct-hf"  # the 0.5B file dequantized to fp32 safetensors
 QWEN_15B_HF = "qwen2.5-coder-1.5b-instruct-hf"  # the 1.5B file dequantized to fp32 safetensors
+QWEN_15B_F16 = "qwen2.5-coder-1.5b-instruct-f16.gguf"  # the 1.5B file requantised to F16:
+# python -m specmac.backends.gguf_quantize DIR/QWEN_15B_GGUF DIR/QWEN_15B_F16 1 2
+QWEN_15B_BF16 = "qwen2.5-coder-1.5b-instruct-hf-bf16"  # specmac models convert ... --dtype bfloat16
 
 
 def models_dir() -> Path:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from lib.machine import take_machine
-from lib.models import QWEN_05B_GGUF, add_models_dir
+from lib.models import QWEN_05B_GGUF, QWEN_15B_BF16, QWEN_15B_F16, add_models_dir
 from specmac.api import Pair
 from specmac.backends import load_backend
 from specmac.compare.results import provenance, write_json
@@ -35,9 +35,8 @@ from specmac.core.drafters import ModelDrafter
 from specmac.core.sampling import SamplingParams
 from specmac.lossless.exact import exact_check
 
-F16 = "qwen2.5-coder-1.5b-instruct-f16.gguf"  # python -m specmac.backends.gguf_quantize Q4_K_M F16 1 2
-HF = "qwen2.5-coder-1.5b-instruct-hf-bf16"  # specmac models convert ... --dtype bfloat16
-TARGETS = {"gguf-f16": ("gguf", F16, {}), "torch-fp32": ("torch", HF, {"dtype": "float32"})}
+TARGETS = {"gguf-f16": ("gguf", QWEN_15B_F16, {}),
+           "torch-fp32": ("torch", QWEN_15B_BF16, {"dtype": "float32"})}  # the bf16 folder read in fp32
 TEXT = Path(__file__).resolve().parents[2] / "specmac" / "core" / "loop.py"  # code, as users' prompts hold
 ROWS = 6  # rows compared after the prompt
 

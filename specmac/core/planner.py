@@ -133,12 +133,16 @@ class Planner:
         def seconds(lens: list[int]) -> float:
             return float(sum(tt[n] for n in forwards(lens)))
 
+        def rest(pick: list[int], r: int) -> tuple[list[int], float]:
+            """The other sequences' widths in the pass (drafts and the last token) and tokens expected."""
+            return ([1 + int(opts[j][1][i]) for j, i in enumerate(pick) if j != r],
+                    sum(opts[j][2][i] for j, i in enumerate(pick) if j != r))
+
         def ascend(pick: list[int]) -> list[int]:
             for _ in range(3 if len(opts) > 1 else 1):
                 moved = False
                 for r, (_, w, e, d, pre) in enumerate(opts):
-                    others = [1 + int(opts[j][1][i]) for j, i in enumerate(pick) if j != r]
-                    got = sum(opts[j][2][i] for j, i in enumerate(pick) if j != r)
+                    others, got = rest(pick, r)
                     base, most, count = paid(pick, r)
                     top = np.array([most.get(x, 0.0) for x in names[r]])
                     was = np.array([scale[x][count.get(x, 0)] for x in names[r]]) * top
@@ -170,10 +174,8 @@ class Planner:
             owner = ask[0].owner
             if out[r] != (None, 0) or owner.k is not None:
                 continue
-            batch = None  # the others as picked: their widths, tokens and drafting seconds
-            if len(asks) > 1:
-                batch = ([1 + int(opts[j][1][i]) for j, i in enumerate(pick) if j != r],
-                         sum(opts[j][2][i] for j, i in enumerate(pick) if j != r), paid(pick, r)[0], seconds)
+            # the others as picked: their widths, tokens and drafting seconds
+            batch = (*rest(pick, r), paid(pick, r)[0], seconds) if len(asks) > 1 else None
             if (tried := owner._try(*ask, batch=batch)) is not None:
                 out[r] = tried
                 break
@@ -201,7 +203,8 @@ class Planner:
                 continue
             ex, _, passes, share = self._model_step(record, i, n_behind, ks)
             hope = np.cumsum(record.hopeful((self.sources[i].name, "model"), int(ks[-1])))[ks]
-            width = np.array([seconds([*lens, 1 + int(k)]) for k in ks]) + spent
+            width = (self._t(ks + 1) if batch is None  # alone: one forward over its width
+                     else np.array([seconds([*lens, 1 + int(k)]) for k in ks]) + spent)
             rate = (got + hope) / (passes + width + hope * (share / ex))  # a hopeful step, its prefill share
             prefill = n_behind * self.costs.prefill(self.sources[i].name) if n_behind > 2 else 0.0
             ok = (rate > best) & ((passes + width - base + prefill) * (len(lens) + 1) <= budget)
