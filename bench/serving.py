@@ -99,6 +99,7 @@ STREAM_QUESTIONS = [
 COUNTERS = ("llamacpp:n_decode_total", "specmac_generated_tokens_total", "specmac_batch_size_sum",
             "specmac_batch_size_count", "vllm:spec_decode_num_drafts_total",
             "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
+BY_SOURCE = ("specmac_steps_total", "specmac_step_draft_tokens_total", "specmac_step_accepted_tokens_total")
 
 
 def ask_streaming(client, model: str, messages: list[dict], max_tokens: int) -> dict:
@@ -160,7 +161,7 @@ def scrape(base: str) -> dict[str, float]:
     out = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name in COUNTERS:
+        if name in COUNTERS or name.partition("{")[0] in BY_SOURCE:
             out[name] = float(value)
     return out
 
@@ -465,9 +466,11 @@ def streams_report(sub: list[dict], names: list[str], curve: dict | None) -> lis
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {med(lat):.1f} / {q95(lat):.1f} s | "
                      f"{med(ttft):.1f} / {q95(ttft):.1f} s |")
     lines += ["", "What specmac's passes held (its /metrics, summed over the rounds): streams stepping per "
-              "pass, drafts per drafting step, tokens written per target pass.", "",
-              "| server | N | streams per pass | drafts per step | tokens per pass |",
-              "|---|---:|---:|---:|---:|"]
+              "pass, drafts per drafting step, tokens written per target pass; steps by the source that "
+              "drafted them, with the drafts they verified and how many were accepted.", "",
+              "| server | N | streams per pass | drafts per step | tokens per pass "
+              "| steps by source (drafts, accepted) |",
+              "|---|---:|---:|---:|---:|---|"]
     for name in names:
         rs = [r for r in sub if r["server"] == name and r["streams"][0].get("counters")]
         for j, n in enumerate(ns):
@@ -481,7 +484,7 @@ def streams_report(sub: list[dict], names: list[str], curve: dict | None) -> lis
             drafts = c.get("vllm:spec_decode_num_draft_tokens_total", 0) / max(
                 c.get("vllm:spec_decode_num_drafts_total", 0), 1)
             tokens = c.get("specmac_generated_tokens_total", 0) / max(c.get("llamacpp:n_decode_total", 0), 1)
-            lines.append(f"| {name} | {n} | {per_pass:.2f} | {drafts:.2f} | {tokens:.2f} |")
+            lines.append(f"| {name} | {n} | {per_pass:.2f} | {drafts:.2f} | {tokens:.2f} | {by_source(c)} |")
     alone = [r for r in sub if r["server"].endswith("(one at a time)")]
     if alone:
         others = [n for n in names if n.startswith("specmac") and n != alone[0]["server"]]
@@ -492,6 +495,19 @@ def streams_report(sub: list[dict], names: list[str], curve: dict | None) -> lis
         shown = ", ".join(f"T({n}) {t[n]:.0f}" for n in (1, 2, 4, 8, 16, 32) if n in t)
         lines += ["", f"The target's pass over n tokens (specmac probe-parallelism, ms): {shown}."]
     return lines + [""]
+
+
+def by_source(c: dict[str, float]) -> str:
+    """'lookup 40 (52, 20), none 300' from the per-source counters ('' where the server had none)."""
+    out = []
+    for key, steps in sorted(c.items(), key=lambda kv: -kv[1]):
+        if key.startswith("specmac_steps_total{"):
+            label = key[key.index("{"):]
+            drafts = c.get(f"specmac_step_draft_tokens_total{label}", 0)
+            accepted = c.get(f"specmac_step_accepted_tokens_total{label}", 0)
+            source = label.split('"')[1]
+            out.append(f"{source} {steps:.0f}" + (f" ({drafts:.0f}, {accepted:.0f})" if drafts else ""))
+    return ", ".join(out)
 
 
 def same_texts(sub: list[dict], name: str, alone: list[dict]) -> str:

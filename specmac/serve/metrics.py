@@ -47,6 +47,12 @@ class Metrics:
                                  ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("specmac_queue_depth", "Requests waiting for the worker", registry=r)
         self.busy = Gauge("specmac_worker_busy", "Generations in progress (sharing each pass)", registry=r)
+        self.steps = Counter("specmac_steps", "Steps taken, by the source that drafted them "
+                             "(\"none\": a step without drafts)", ["source"], registry=r)
+        self.step_drafts = Counter("specmac_step_draft_tokens", "Draft tokens verified, by source",
+                                   ["source"], registry=r)
+        self.step_accepted = Counter("specmac_step_accepted_tokens", "Draft tokens accepted, by source",
+                                     ["source"], registry=r)
         self.batch = Histogram("specmac_batch_size", "Streams taking a step in each target pass",
                                buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
         # the same counts under the names dashboards know: vLLM's speculative decoding and scheduler
@@ -80,10 +86,13 @@ class Metrics:
 
     def record_step(self, event) -> None:
         """One stream's step (a ``specmac.core.loop.Event``)."""
+        self.steps.labels(source=event.source).inc()
         if event.n_drafted:
             self.v_drafts.inc()
             self.v_draft_tokens.inc(event.n_drafted)
             self.v_accepted.inc(event.n_accepted)
+            self.step_drafts.labels(source=event.source).inc(event.n_drafted)
+            self.step_accepted.labels(source=event.source).inc(event.n_accepted)
             for j in range(event.n_accepted):
                 self.v_per_pos.labels(position=str(j)).inc()
 

@@ -80,7 +80,14 @@ def test_concurrent_requests_equal_each_served_alone(pairs, draft, k, sampled):
         passes = metric(url, "llamacpp:n_decode_total") - passes0
         tokens = metric(url, "specmac_generated_tokens_total") - tokens0
         batch = metric(url, "specmac_batch_size_sum") / max(metric(url, "specmac_batch_size_count"), 1)
+        by_source = {ln.split('"')[1]: float(ln.split()[-1]) for ln in httpx.get(
+            url.removesuffix("/v1") + "/metrics").text.splitlines() if ln.startswith("specmac_steps_total{")}
+        drafted = (metric(url, "specmac_step_draft_tokens_total"),
+                   metric(url, "vllm:spec_decode_num_draft_tokens_total"))
     assert together == alone
+    # every step counted under the source that drafted it, and the drafts by source add up
+    assert sum(by_source.values()) >= passes and drafted[0] == drafted[1], (by_source, passes, drafted)
+    assert set(by_source) <= {"none", pairs[draft].sources[0].name if pairs[draft].sources else "none"}
     assert batch > 1.5  # the passes were shared
     if draft == "none" and not sampled:
         assert tokens >= 2.5 * passes, (tokens, passes)
