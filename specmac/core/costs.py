@@ -207,6 +207,20 @@ def acceptance_from_stats(stats: Any, shrink: float = 4.0) -> tuple[float, list[
     return alpha, [float(a) for a in profile]
 
 
+def capped_by_wider(c: np.ndarray, n_seen: np.ndarray, t_seen: np.ndarray) -> np.ndarray:
+    """The curve ``c`` with each width at most the mean of any wider width the run timed twice or
+    more: a pass over fewer tokens does no more work than one over more, so a width read dearer is
+    a timing the machine disturbed (a stall during the probe's sweeps), and one the planner avoids,
+    so it would never be timed and never learnt better. Evidence from the run only: a probe can read
+    a narrower width dearer for good reason (torch's one-token pass can cost more than its
+    two-token one), and what the run keeps timing settles it."""
+    m = len(c)
+    twice = n_seen[:m] >= 2
+    means = np.where(twice, t_seen[:m] / np.maximum(n_seen[:m], 1), np.inf)
+    wider = np.append(np.minimum.accumulate(means[::-1])[::-1][1:], np.inf)  # min over widths > n
+    return np.minimum(c, wider)
+
+
 class Costs:
     """Seconds of a step as the planner weighs it: T(n), the target's pass over n tokens with the
     loop's work on its rows; each draft model's one-token pass; its prefill per token of text it
@@ -215,8 +229,9 @@ class Costs:
     Measured before the run (``t_target``: T(n) for n = 1..len, the widest the planner may choose)
     or not (a fixed K: the run's own steps). A measured width counts as one observation beside the
     run's, so one slow step cannot condemn it, and the median of the recent residuals moves every
-    width when the machine slows down for good. A T(1) above a wider width's mean as the run timed it
-    is capped there: no pass over more tokens costs less than one over fewer. Unmeasured, a width
+    width when the machine slows down for good. No pass over more tokens costs less than one over
+    fewer: a width read dearer than a wider width's mean as the run timed it is capped there
+    (``capped_by_wider``; T(1) too, a stalled probe of a plain step). Unmeasured, a width
     costs its own mean where the run saw it, else the nearest narrower width's, and before any step
     every width costs one unit (``timed`` is False: seconds of a draft cannot be weighed yet).
     """
@@ -265,9 +280,7 @@ class Costs:
         if self.prior is not None:
             m = len(self.prior)
             c = (self.prior + self.resid + self.t_seen[:m]) / (1 + self.n_seen[:m])
-            wide = np.flatnonzero(self.n_seen[2:m] >= 2) + 2
-            if len(wide):
-                c[1] = min(c[1], float((self.t_seen[wide] / self.n_seen[wide]).min()))
+            c = capped_by_wider(c, self.n_seen, self.t_seen)
             c[0] = c[1]
             return np.maximum(c, 1e-12)
         if not seen.any():

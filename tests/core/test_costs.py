@@ -161,6 +161,24 @@ def test_a_stalled_t1_probe_is_capped_by_the_wider_passes_the_run_timed():
     assert costs.curve()[0] == costs.curve()[1]
 
 
+def test_no_width_reads_dearer_than_a_wider_one_the_run_timed():
+    """A width the probe read too dear (a stall during its timings, in every sweep) is one the
+    planner avoids, so the run never times it: were it kept dearer than the widths above it, a pass
+    of eight sequences would look cheaper for every draft added to it. Once the run timed a wider
+    width twice, each narrower width costs at most that width's mean (once is no evidence); the
+    probe alone moves nothing (torch's one-token pass can truly cost more than its two-token one)."""
+    probe = [0.1 + 0.02 * n for n in range(1, 34)]
+    probe[7] = 0.65  # T(8) read far above T(9) = 0.28
+    costs = Costs(probe)
+    assert costs.curve()[8] == pytest.approx(0.65)
+    costs.observe(9, 0.28)
+    assert costs.curve()[8] == pytest.approx(0.65)  # one step: not yet
+    costs.observe(9, 0.28)
+    c = costs.curve()
+    assert c[8] == pytest.approx(0.28) and (np.diff(c[1:34]) >= -1e-12).all()
+    assert c[9] == pytest.approx(0.28) and c[20] == pytest.approx(probe[19])  # the others as they were
+
+
 def test_without_a_measurement_the_run_times_its_own_steps():
     """A fixed K measures nothing before the run: every width costs a unit until a step is timed
     (and seconds of a draft cannot be weighed: ``timed`` is False); then each width costs its own

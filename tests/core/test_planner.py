@@ -421,6 +421,23 @@ def test_each_sequence_reads_its_own_text_on_a_model_it_shares():
     assert sum(src == 0 for src, _ in four) < 4, four  # four of them in one pass do not
 
 
+def test_a_width_read_too_dear_does_not_make_a_draft_look_like_a_saving():
+    """The probe read T(8) far above the widths after it (a stall in every sweep): beside seven
+    other sequences, a model's drafts then seemed to make the pass cheaper, so a draft that would
+    not pay its passes back was started (and eight plain steps were never timed, so never learnt
+    better). Once the run timed nine twice, a pass over eight costs at most that: no model step pays."""
+    probe = [0.3 + 0.02 * n for n in range(1, 34)]
+    probe[7] = 0.8
+    costs = Costs(probe, {"m": 0.05}, {"m": 0.0})
+    for _ in range(2):
+        costs.observe(9, probe[8])  # eight plain steps and one draft, timed as probed
+    planner = Planner([Model((0.7, 40.0, True))], costs)
+    records = [planner.record(1000) for _ in range(8)]
+    for r in records:
+        r.lost = 1e9  # no budget left for a try: the choice at the means
+    assert planner.plan([(r, [], {0: 1}, 16) for r in records]) == [(None, 0)] * 8
+
+
 # --- the extension --------------------------------------------------------------------------------
 
 def test_a_models_drafts_are_extended_by_a_copied_stretch_where_the_width_is_cheap():
