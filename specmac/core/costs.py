@@ -207,17 +207,16 @@ def acceptance_from_stats(stats: Any, shrink: float = 4.0) -> tuple[float, list[
     return alpha, [float(a) for a in profile]
 
 
-def capped_by_wider(c: np.ndarray, n_seen: np.ndarray, t_seen: np.ndarray) -> np.ndarray:
-    """The curve ``c`` with each width at most the mean of any wider width the run timed twice or
-    more: a pass over fewer tokens does no more work than one over more, so a width read dearer is
-    a timing the machine disturbed (a stall during the probe's sweeps), and one the planner avoids,
-    so it would never be timed and never learnt better. Evidence from the run only: a probe can read
-    a narrower width dearer for good reason (torch's one-token pass can cost more than its
-    two-token one), and what the run keeps timing settles it."""
-    m = len(c)
-    twice = n_seen[:m] >= 2
-    means = np.where(twice, t_seen[:m] / np.maximum(n_seen[:m], 1), np.inf)
-    wider = np.append(np.minimum.accumulate(means[::-1])[::-1][1:], np.inf)  # min over widths > n
+def capped_by_wider(c: np.ndarray, n_seen: np.ndarray) -> np.ndarray:
+    """The curve ``c`` with each width at most the estimate of any wider width the run timed twice
+    or more: a pass over fewer tokens does no more work than one over more, so a width read dearer
+    is a timing the machine disturbed (a stall during the probe's sweeps), and one the planner
+    avoids, so it would never be timed and never learnt better. On the run's evidence only: a probe
+    can read a narrower width dearer for good reason (torch's one-token pass can cost more than its
+    two-token one), and what the run keeps timing settles it; a wider width's estimate, not its
+    bare mean, so two lucky passes there do not make every narrower width look cheap."""
+    twice = np.where(n_seen[: len(c)] >= 2, c, np.inf)
+    wider = np.append(np.minimum.accumulate(twice[::-1])[::-1][1:], np.inf)  # least over widths > n
     return np.minimum(c, wider)
 
 
@@ -230,8 +229,8 @@ class Costs:
     or not (a fixed K: the run's own steps). A measured width counts as one observation beside the
     run's, so one slow step cannot condemn it, and the median of the recent residuals moves every
     width when the machine slows down for good. No pass over more tokens costs less than one over
-    fewer: a width read dearer than a wider width's mean as the run timed it is capped there
-    (``capped_by_wider``; T(1) too, a stalled probe of a plain step). Unmeasured, a width
+    fewer: a width read dearer than a wider width the run timed (twice) is capped at that width's
+    estimate (``capped_by_wider``; T(1) too, a stalled probe of a plain step). Unmeasured, a width
     costs its own mean where the run saw it, else the nearest narrower width's, and before any step
     every width costs one unit (``timed`` is False: seconds of a draft cannot be weighed yet).
     """
@@ -280,7 +279,7 @@ class Costs:
         if self.prior is not None:
             m = len(self.prior)
             c = (self.prior + self.resid + self.t_seen[:m]) / (1 + self.n_seen[:m])
-            c = capped_by_wider(c, self.n_seen, self.t_seen)
+            c = capped_by_wider(c, self.n_seen)
             c[0] = c[1]
             return np.maximum(c, 1e-12)
         if not seen.any():

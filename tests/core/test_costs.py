@@ -165,7 +165,7 @@ def test_no_width_reads_dearer_than_a_wider_one_the_run_timed():
     """A width the probe read too dear (a stall during its timings, in every sweep) is one the
     planner avoids, so the run never times it: were it kept dearer than the widths above it, a pass
     of eight sequences would look cheaper for every draft added to it. Once the run timed a wider
-    width twice, each narrower width costs at most that width's mean (once is no evidence); the
+    width twice, each narrower width costs at most that width's estimate (once is no evidence); the
     probe alone moves nothing (torch's one-token pass can truly cost more than its two-token one)."""
     probe = [0.1 + 0.02 * n for n in range(1, 34)]
     probe[7] = 0.65  # T(8) read far above T(9) = 0.28
