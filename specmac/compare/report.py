@@ -284,8 +284,10 @@ def _panels(record: dict, height: float = 4.4):
 
 
 def _legend_below(ax) -> None:
-    """Below the panel, where it cannot hide a curve (lines span the whole K range)."""
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    """Below the panel, where it cannot hide a curve (lines span the whole K range); none where the
+    panel has no labelled line (a run of K auto only draws none)."""
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
 
 
 def figures(record: dict) -> dict:
