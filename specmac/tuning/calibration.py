@@ -15,7 +15,9 @@ would be trusted for ever by a planner that stops drafting on it. Its prefill pe
 beside it and measured again where the fresh pass differs from the kept one.
 
 After the run, ``settle`` sets the run's own passes against what was kept: a kept entry the run
-contradicts (by ``DISAGREE`` either way) is dropped, so the next run measures again.
+contradicts (by ``DISAGREE`` either way) is dropped, so the next run measures again. A draft's
+passes are weighed in sum, beyond what one stalled pass adds (``STALL_S``): a tiny draft's pass is
+so short that one preemption among a hundred of them triples their mean.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ PLAUSIBLE = 1.3  # a kept T(1) within this factor of the median of a few fresh p
 DISAGREE = 3.0  # the run's own passes this far from the kept costs (either way): the entry is dropped
 MIN_SEEN = 4  # passes the run must make before it is set against the kept costs
 FLOOR_S = 2e-4  # differences below this are timer noise on a tiny model, never a reason to re-measure
+STALL_S = 0.1  # one preempted pass on a busy machine: a run's draft time no further off drops nothing
 Notify = Callable[[str], None]
 
 
@@ -304,7 +307,7 @@ def settle(costs: Costs, kept: Kept) -> str:
     for name, (path, t) in kept.drafts.items():
         passes, seconds = costs.draft_seen.get(name, (0, 0.0))
         if passes >= MIN_SEEN and not 1 / DISAGREE <= (seconds / passes) / t <= DISAGREE \
-                and abs(seconds / passes - t) > FLOOR_S:
+                and abs(seconds - passes * t) > max(passes * FLOOR_S, STALL_S):
             ratio = seconds / passes / t
             said.append(_drop(path, f"this run's {name} draft passes took {ratio:.2g}x its timed pass"))
     return "; ".join(said)

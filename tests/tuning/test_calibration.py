@@ -150,9 +150,22 @@ def test_what_a_run_contradicts_is_dropped_after_it(cache):
         costs.observe(3, 10 * kept.t_target[2])  # the run's passes ten times the kept curve's
     said = calibration.settle(costs, kept)
     assert "took 10x the kept curve" in said and not kept.curve.exists()
-    costs.observe_draft("synthetic", 8, 8 * 10 * kept.drafts["synthetic"][1])
+    t_d = kept.drafts["synthetic"][1]
+    costs.observe_draft("synthetic", 8, 8 * t_d + 8 * calibration.STALL_S)  # far beyond one stall
     assert "synthetic draft passes took" in calibration.settle(costs, kept)
     assert not kept.drafts["synthetic"][0].exists()
+
+
+def test_one_stalled_pass_of_a_tiny_draft_drops_nothing(cache):
+    """A tiny draft's pass is a few microseconds: one preemption among a hundred of its passes
+    multiplies their mean many times, yet says nothing about its kept prefill (a CI run dropped a
+    sound entry so). The run's draft time is weighed in sum, beyond one stall; its mean still
+    counts where the draft's own time is long enough to tell."""
+    costs, kept = calibration.measure_costs(None, {"synthetic": draft(0.0)}, 8)
+    path, t_d = kept.drafts["synthetic"]
+    costs.observe_draft("synthetic", 100, 100 * t_d + 0.05)  # one 50 ms stall
+    assert (100 * t_d + 0.05) / 100 > 3 * t_d  # the mean alone reads it as a contradiction
+    assert calibration.settle(costs, kept) == "" and path.exists()
 
 
 def test_the_api_settles_after_a_run_and_the_stats_say_it(cache):
