@@ -17,8 +17,11 @@ Scenarios (``--scenarios``, default all), streaming and greedy throughout:
     questions in turn (64 tokens each): aggregate tokens/s, median and 95th-percentile latency and
     time to first token, and, for specmac, what its passes held (streams per pass, drafts per step,
     tokens per pass, from its /metrics).
-Each server is a process of its own, started, measured on every scenario and stopped before the
-next starts; the servers alternate round by round. The servers: ``specmac serve`` with no draft,
+Each server is a process of its own. For the streams scenario they are all started first and take
+turns at each N, the order reversed from one N and one round to the next (``--alternate per-n``, the
+default: a drift of the machine over minutes falls on all alike); otherwise, and for the other
+scenarios, each is started, measured on every scenario and stopped before the next starts, the
+servers alternating round by round. The servers: ``specmac serve`` with no draft,
 the 0.5B draft and lookup+gguf (K auto, ``--parallel`` the largest N), lookup+gguf one request at a
 time (``--parallel 1``, as before batching); on a GGUF target ``llama_cpp.server`` on the same file
 (extra CPU buffer types off where llama.cpp issue 20824 needs it, every CPU), on a torch folder
@@ -272,47 +275,90 @@ def llama_server(model: str, port: int) -> None:
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-def measure(name: str, command: list[str], scenarios: dict[str, list]) -> dict:
-    port = free_port()
-    cmd = [c.replace("{port}", str(port)) for c in command]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 900  # a first k="auto" run measures the target's curve
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} ended before it served: {proc.stderr.read()[-2000:]}")
-            try:
-                r = httpx.get(base + "/models", timeout=2)
-                if r.status_code == 200:
-                    data = r.json().get("data") or []
-                    model = "m" if any(d.get("id") == "m" for d in data) or not data else data[0]["id"]
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start")
-            time.sleep(1)
-        import openai  # a first request: a server that loads its model lazily has loaded it
+class Live:
+    """A server started on a port of its own, answering, its model loaded (one request made)."""
 
-        warm = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=1800)
-        ask_streaming(warm, model, [{"role": "user", "content": "Hello"}], 2)
-        out = {}
-        for sname, work in scenarios.items():
-            if sname == "streams":
-                out[sname] = {"streams": [concurrent(base, model, n) for n in work],
-                              "rss_mib": rss_mib(proc.pid)}
-            elif sname == "memory":
-                out[sname] = memory(base, model, proc.pid, work)
-            else:
-                out[sname] = {"turns": converse(base, model, work), "rss_mib": rss_mib(proc.pid)}
-        return out
-    finally:
-        proc.terminate()
+    def __init__(self, name: str, command: list[str]):
+        port = free_port()
+        cmd = [c.replace("{port}", str(port)) for c in command]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
+        self.base = f"http://127.0.0.1:{port}/v1"
         try:
-            proc.wait(60)
+            deadline = time.monotonic() + 900  # a first k="auto" run measures the target's curve
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{name} ended before it served: {self.proc.stderr.read()[-2000:]}")
+                try:
+                    r = httpx.get(self.base + "/models", timeout=2)
+                    if r.status_code == 200:
+                        data = r.json().get("data") or []
+                        named = any(d.get("id") == "m" for d in data) or not data
+                        self.model = "m" if named else data[0]["id"]
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} did not start")
+                time.sleep(1)
+            import openai  # a first request: a server that loads its model lazily has loaded it
+
+            warm = openai.OpenAI(base_url=self.base, api_key="unused", max_retries=0, timeout=1800)
+            ask_streaming(warm, self.model, [{"role": "user", "content": "Hello"}], 2)
+        except BaseException:
+            self.stop()
+            raise
+
+    def run(self, sname: str, work) -> dict:
+        """One scenario's measurement (for streams: each N of ``work`` in turn)."""
+        if sname == "streams":
+            return {"streams": [concurrent(self.base, self.model, n) for n in work], "rss_mib": self.rss()}
+        if sname == "memory":
+            return memory(self.base, self.model, self.proc.pid, work)
+        return {"turns": converse(self.base, self.model, work), "rss_mib": self.rss()}
+
+    def rss(self) -> float:
+        return rss_mib(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            self.proc.kill()
+
+
+def measure(name: str, command: list[str], scenarios: dict[str, list]) -> dict:
+    """Start the server, measure it on every scenario, stop it."""
+    live = Live(name, command)
+    try:
+        return {sname: live.run(sname, work) for sname, work in scenarios.items()}
+    finally:
+        live.stop()
+
+
+def streams_per_n(plan: dict[str, list[str]], ns: list[int], rounds: int, say) -> list[dict]:
+    """The streams scenario with every server up at once, alternating server by server at each N
+    (the order reversed from one N to the next and from one round to the next), so a drift of the
+    machine over minutes falls on every server alike: -> one run per server and round."""
+    live: dict[str, Live] = {}
+    try:
+        for name, command in plan.items():  # one at a time: a starting server measures its curve
+            live[name] = Live(name, command)
+        runs = []
+        for r in range(rounds):
+            got: dict[str, list] = {name: [] for name in plan}
+            for j, n in enumerate(ns):
+                order = list(plan) if (r + j) % 2 == 0 else list(plan)[::-1]
+                for name in order:
+                    got[name].append(concurrent(live[name].base, live[name].model, n))
+                    say(f"r{r} {name:36s} N={n}: {got[name][-1]['tokens_per_second']:.1f} tok/s")
+            runs += [{"server": name, "scenario": "streams", "round": r, "streams": got[name],
+                      "rss_mib": live[name].rss(), "alternated": "per N"} for name in plan]
+        return runs
+    finally:
+        for x in live.values():
+            x.stop()
 
 
 def probe_curve(a) -> dict | None:
@@ -345,6 +391,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--streams", default="1,2,4,8", help="the concurrent clients of the streams scenario")
     ap.add_argument("--parallel", type=int, help="specmac's --parallel (default the most streams)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--alternate", choices=["per-n", "per-server"], default="per-n",
+                    help="streams: every server up at once, taking turns at each N (default), or each "
+                         "server started, measured at every N and stopped in turn, as the other scenarios")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     from specmac.compare.results import provenance
@@ -360,7 +409,13 @@ def main(argv: list[str] | None = None) -> None:
     command = shlex.join(["python", "bench/serving.py", *argv])
     take_machine(command)
     curve = probe_curve(a) if "streams" in scenarios else None
-    for r in range(a.repeats):
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    if a.alternate == "per-n" and "streams" in scenarios and len(plan) > 1:
+        runs += streams_per_n(plan, scenarios.pop("streams"), a.repeats, say)
+    for r in range(a.repeats if scenarios else 0):
         order = list(plan) if r % 2 == 0 else list(plan)[::-1]
         for name in order:
             res = measure(name, plan[name], scenarios)
@@ -368,24 +423,22 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append({"server": name, "scenario": sname, "round": r, **v})
                 if sname == "memory":
                     last = v["samples"][-1]
-                    print(f"r{r} {name:36s} memory: {last['conversations']} conversations, RSS "
-                          f"{last['rss_mib']:.0f} MiB, store {last['store_bytes'] / 2**20:.1f} MiB",
-                          file=sys.stderr, flush=True)
-                    continue
-                if sname == "streams":
+                    say(f"r{r} {name:36s} memory: {last['conversations']} conversations, RSS "
+                        f"{last['rss_mib']:.0f} MiB, store {last['store_bytes'] / 2**20:.1f} MiB")
+                elif sname == "streams":
                     line = " ".join(f"N={x['n']}: {x['tokens_per_second']:.1f}" for x in v["streams"])
-                    print(f"r{r} {name:36s} streams tok/s {line}", file=sys.stderr, flush=True)
-                    continue
-                total = sum(t["seconds"] for t in v["turns"])
-                print(f"r{r} {name:36s} {sname:6s} total {total:7.1f} s  ttft "
-                      + " ".join(f"{t['ttft']:.1f}" for t in v["turns"]), file=sys.stderr, flush=True)
+                    say(f"r{r} {name:36s} streams tok/s {line}")
+                else:
+                    total = sum(t["seconds"] for t in v["turns"])
+                    say(f"r{r} {name:36s} {sname:6s} total {total:7.1f} s  ttft "
+                        + " ".join(f"{t['ttft']:.1f}" for t in v["turns"]))
     record = {"provenance": provenance(command, [a.target or a.models_dir / TARGET, a.models_dir / DRAFT]),
               "servers": {k: shlex.join(v) for k, v in plan.items()}, "curve": curve, "runs": runs}
     (a.out / "results.json").write_text(json.dumps(record, indent=1))
     (a.out / "README.md").write_text(report(record))
     if any(r["scenario"] in ("chat", "agent") for r in runs):
         plot(record, a.out / "turns.png")
-    if "streams" in scenarios:
+    if any(r["scenario"] == "streams" for r in runs):
         plot_streams(record, a.out / "streams.png")
     print((a.out / "README.md").read_text())
 
@@ -465,6 +518,7 @@ def streams_report(sub: list[dict], names: list[str], curve: dict | None) -> lis
         lat, ttft = [q["seconds"] for q in reqs], [q["ttft"] for q in reqs]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {med(lat):.1f} / {q95(lat):.1f} s | "
                      f"{med(ttft):.1f} / {q95(ttft):.1f} s |")
+    lines += ratios(sub, names, ns, "specmac none")
     lines += ["", "What specmac's passes held (its /metrics, summed over the rounds): streams stepping per "
               "pass, drafts per drafting step, tokens written per target pass; steps by the source that "
               "drafted them, with the drafts they verified and how many were accepted.", "",
@@ -495,6 +549,26 @@ def streams_report(sub: list[dict], names: list[str], curve: dict | None) -> lis
         shown = ", ".join(f"T({n}) {t[n]:.0f}" for n in (1, 2, 4, 8, 16, 32) if n in t)
         lines += ["", f"The target's pass over n tokens (specmac probe-parallelism, ms): {shown}."]
     return lines + [""]
+
+
+def ratios(sub: list[dict], names: list[str], ns: list[int], plain: str) -> list[str]:
+    """Each server's aggregate tokens/s over ``plain``'s in the same round, per N: the median over
+    the rounds, each round's in brackets (none where ``plain`` did not run)."""
+    base = {r["round"]: r for r in sub if r["server"] == plain}
+    others = [n for n in names if n != plain and any(r["server"] == n for r in sub)]
+    if not base or not others:
+        return []
+    lines = ["", f"Against {plain} in the same round (its tokens/s = 1):", "",
+             "| server | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---:|" * len(ns)]
+    for name in others:
+        rs = [r for r in sub if r["server"] == name and r["round"] in base]
+        cells = []
+        for j in range(len(ns)):
+            x = [r["streams"][j]["tokens_per_second"] / base[r["round"]]["streams"][j]["tokens_per_second"]
+                 for r in rs]
+            cells.append(f"{med(x):.2f} (" + ", ".join(f"{v:.2f}" for v in x) + ")")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def by_source(c: dict[str, float]) -> str:
