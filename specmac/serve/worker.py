@@ -274,7 +274,8 @@ class Worker:
                 self._settle(r)
             if r.finish == "cancelled":
                 self.metrics.cancelled.inc()
-            usage = make_usage(r.n_prompt, r.stats, r.k, r.prediction.usage() if r.prediction else None)
+            usage = make_usage(r.n_prompt, r.stats, r.k, r.prediction.usage() if r.prediction else None,
+                               r.stream.record.note)
             self.metrics.record_run(usage)
             log.info(request_line(r, time.perf_counter()))
             r.job.put("done", r.finish if r.finish != "cancelled" else "length", usage)
@@ -313,7 +314,8 @@ def request_line(r: Running, now: float) -> str:
     return (f"{'chat' if r.field == 'messages' else 'completion'}: {r.n_prompt} prompt tokens "
             f"({s.cached_tokens} cached), {s.n_tokens} out, first token {first}, "
             f"{'-' if rate is None else f'{rate:.1f}'} tokens/s after it, "
-            f"drafts {s.n_accepted}/{s.n_drafted} accepted, k {r.k}, finish {r.finish}")
+            f"drafts {s.n_accepted}/{s.n_drafted} accepted, k {r.k}, finish {r.finish}"
+            + (f"; {r.stream.record.note}" if r.stream.record.note else ""))
 
 
 def internal_error() -> ApiError:
@@ -321,8 +323,9 @@ def internal_error() -> ApiError:
                     code="internal_error")
 
 
-def make_usage(n_prompt: int, stats: RunStats, k: int | str, prediction: dict | None) -> dict:
-    """OpenAI's usage object, with specmac's ``speculative`` beside it."""
+def make_usage(n_prompt: int, stats: RunStats, k: int | str, prediction: dict | None, note: str = "") -> dict:
+    """OpenAI's usage object, with specmac's ``speculative`` beside it (``note``: the planner's, why
+    the draft model was not started, where it says so)."""
     d = prediction or {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
     return {"prompt_tokens": n_prompt, "completion_tokens": stats.n_tokens,
             "total_tokens": n_prompt + stats.n_tokens,
@@ -331,4 +334,5 @@ def make_usage(n_prompt: int, stats: RunStats, k: int | str, prediction: dict | 
                                           "rejected_prediction_tokens": d["rejected_prediction_tokens"]},
             "speculative": {"drafted": stats.n_drafted, "accepted": stats.n_accepted,
                             "target_passes": stats.n_target_passes, "k": k,
-                            "draft_caught_up_tokens": stats.draft_caught_up}}
+                            "draft_caught_up_tokens": stats.draft_caught_up}
+            | ({"note": note} if note else {})}

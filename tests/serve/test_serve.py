@@ -378,3 +378,23 @@ def test_text_out_sends_the_whole_decode_one_token_at_a_time(name):
     out = TextOut(b.decode)
     sent = "".join(out.push([i], final=n == len(ids) - 1) for n, i in enumerate(ids))
     assert sent == out.text == b.decode(ids)
+
+
+def test_usage_and_log_say_why_the_model_was_not_started(tmp_path, monkeypatch, caplog):
+    """As `specmac run`'s "K choice" line: a long prompt the draft model would have to read first,
+    for a short answer, is decoded without it, and the usage and the request's log line say why;
+    a request that starts the model carries no note."""
+    monkeypatch.setenv("SPECMAC_CACHE", str(tmp_path))
+    pair = Pair.load("synthetic", "synthetic", target_options={"latency_ms": 10},
+                     draft_options={"latency_ms": 1, "beta": 0.3})
+    prompt = "".join(f"{i:x}" for i in range(400))  # 1000+ characters: tokens here
+    with running(pair, k="auto") as u, caplog.at_level(logging.INFO, logger="specmac.serve"):
+        cl = openai.OpenAI(base_url=u, api_key="unused", max_retries=0, timeout=60)
+        name = model_name(pair)
+        long = cl.completions.create(model=name, prompt=prompt, max_tokens=6, temperature=0).usage
+        short = cl.completions.create(model=name, prompt="ab", max_tokens=24, temperature=0).usage
+    spec = long.model_dump()["speculative"]
+    assert spec["note"].startswith("model draft not started: its prefill of") and spec["drafted"] == 0
+    assert short.model_dump()["speculative"]["drafted"] > 0 and "note" not in short.model_dump()["speculative"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "specmac.serve" and r.levelno == logging.INFO]
+    assert lines[0].endswith(f"finish length; {spec['note']}") and "not started" not in lines[1], lines
