@@ -21,15 +21,15 @@ Each server is a process of its own. For the streams scenario they are all start
 turns at each N, the order reversed from one N and one round to the next (``--alternate per-n``, the
 default: a drift of the machine over minutes falls on all alike); otherwise, and for the other
 scenarios, each is started, measured on every scenario and stopped before the next starts, the
-servers alternating round by round. The servers: ``specmac serve`` with no draft,
-the 0.5B draft and lookup+gguf (K auto, ``--parallel`` the largest N), lookup+gguf one request at a
-time (``--parallel 1``, as before batching); on a GGUF target ``llama_cpp.server`` on the same file
-(extra CPU buffer types off where llama.cpp issue 20824 needs it, every CPU), on a torch folder
-``transformers serve --continuous-batching`` on the same folder. Per turn or request: time to first
-token (the first content), total time, prompt and cached tokens where the server reports them,
-the text; the server process's resident memory after each scenario. The target's T(n) (``specmac
-probe-parallelism``) is recorded beside. Writes results.json, README.md and PNGs. Takes the
-machine's benchmark lock (bench/lib/machine.py).
+servers alternating round by round. The servers: ``specmac serve`` with no draft, the prompt
+lookup alone, the 0.5B draft and lookup+gguf (K auto, ``--parallel`` the largest N), lookup+gguf
+one request at a time (``--parallel 1``, as before batching); on a GGUF target
+``llama_cpp.server`` on the same file (extra CPU buffer types off where llama.cpp issue 20824 needs
+it, every CPU), on a torch folder ``transformers serve --continuous-batching`` on the same folder.
+Per turn or request: time to first token (the first content), total time, prompt and cached tokens
+where the server reports them, the text; the server process's resident memory after each scenario.
+The target's T(n) (``specmac probe-parallelism``) is recorded beside. Writes results.json, README.md
+and PNGs. Takes the machine's benchmark lock (bench/lib/machine.py).
 """
 
 from __future__ import annotations
@@ -244,6 +244,7 @@ def servers(a) -> dict[str, list[str]]:
     both = ["--draft", "lookup+gguf", "--draft-model", draft, "--k", "auto"]
     out = {"specmac none": [*wide, "--draft", "none"],
            "specmac gguf": [*wide, "--draft", "gguf", "--draft-model", draft, "--k", "auto"],
+           "specmac lookup": [*wide, "--draft", "lookup", "--k", "auto"],
            "specmac lookup+gguf": [*wide, *both],
            "specmac lookup+gguf (one at a time)": [*spec, "--parallel", "1", *both]}
     if a.target_backend == "gguf":
