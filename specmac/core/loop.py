@@ -346,7 +346,9 @@ def pass_streams(target: BaseBackend, streams: Sequence[Stream], planner: Planne
     for i, n in fills:
         streams[i].prefilled(n, t)
     if not fills and len(shape := target.forwards([len(x) for _, x, _ in items])) == 1:
-        planner.costs.observe(shape[0], t)  # one forward of steps alone: its cost at its width refines T
+        # one forward of steps alone: its cost at its width refines T, the loop's work on its rows
+        # included (as a step alone counts it): a wide pass of several streams has many rows to check
+        planner.costs.observe(shape[0], t + c.lap())
     return out
 
 

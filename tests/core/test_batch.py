@@ -180,3 +180,29 @@ def test_lanes_hold_their_own_sequences():
     assert np.array_equal(rows[1], SyntheticBackend().score([4, 5]))  # as that sequence alone
     t[2].rewind(1)
     assert t[2].held == [4] and t[0].held == [1, 2, 3]
+
+
+def test_a_shared_pass_is_timed_with_the_loops_work_on_its_rows(monkeypatch):
+    """A step alone times its pass and the rule's work on its rows together; a pass of several
+    streams is timed the same way, or a wide one (many rows to check) would look as cheap as its
+    forward and the planner would bet on widths that cost more than it reckons."""
+    import time
+
+    from specmac.core.loop import Stream
+
+    pair = Pair.load("synthetic", "lookup", target_options={"latency_ms": 1})
+    lanes = pair.lanes(2)
+    planner = pair.planner(4)
+    streams = [pair.start(lane, pair.encode(p), params=GREEDY, max_tokens=10, k=planner, seed=1)
+               for lane, p in zip(lanes, PROMPTS)]
+    pass_streams(lanes[0].target, streams, planner)  # the prompts (not timed into T)
+    real = Stream.take
+
+    def slow_take(self, *a, **kw):
+        time.sleep(0.05)  # the loop's work on this stream's rows
+        return real(self, *a, **kw)
+    monkeypatch.setattr(Stream, "take", slow_take)
+    before = planner.costs.t_seen.sum()
+    pass_streams(lanes[0].target, streams, planner)
+    assert planner.costs.n_seen.sum() >= 1
+    assert planner.costs.t_seen.sum() - before >= 0.1  # both streams' work, not the forward's 1 ms
