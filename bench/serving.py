@@ -554,7 +554,7 @@ def streams_report(sub: list[dict], names: list[str], curve: dict | None) -> lis
 
 def ratios(sub: list[dict], names: list[str], ns: list[int], plain: str) -> list[str]:
     """Each server's aggregate tokens/s over ``plain``'s in the same round, per N: the median over
-    the rounds, each round's in brackets (none where ``plain`` did not run)."""
+    the rounds, each round's in parentheses (nothing where ``plain`` did not run)."""
     base = {r["round"]: r for r in sub if r["server"] == plain}
     others = [n for n in names if n != plain and any(r["server"] == n for r in sub)]
     if not base or not others:
