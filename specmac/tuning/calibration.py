@@ -17,7 +17,7 @@ beside it and measured again where the fresh pass differs from the kept one.
 After the run, ``settle`` sets the run's own passes against what was kept: a kept entry the run
 contradicts (by ``DISAGREE`` either way) is dropped, so the next run measures again. A draft's
 passes are weighed in sum, beyond what one stalled pass adds (``STALL_S``): a tiny draft's pass is
-so short that one preemption among a hundred of them triples their mean.
+so short that one preemption among a hundred of them multiplies their mean many times.
 """
 
 from __future__ import annotations
