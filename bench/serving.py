@@ -43,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -503,7 +504,9 @@ def streams_report(sub: list[dict], names: list[str], curve: dict | None) -> lis
     lines = ["## Concurrent streams", "",
              "N clients at once, each asking two different questions in turn (64 tokens each). Aggregate "
              "tokens/s: all answers' tokens over the wall time; latency and time to first token over every "
-             "request of every round (median / 95th percentile).", "",
+             "request of every round (median / 95th percentile). "
+             + ("The servers were up at once and took turns at each N." if sub[0].get("alternated")
+                else "Each server was started, measured at every N and stopped in turn."), "",
              "| server | " + " | ".join(f"tokens/s at N={n}" for n in ns) + f" | at N={ns[-1]}: latency "
              "p50 / p95 | time to first token p50 / p95 |",
              "|---|" + "---:|" * len(ns) + "---:|---:|"]
@@ -519,7 +522,9 @@ def streams_report(sub: list[dict], names: list[str], curve: dict | None) -> lis
         lat, ttft = [q["seconds"] for q in reqs], [q["ttft"] for q in reqs]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {med(lat):.1f} / {q95(lat):.1f} s | "
                      f"{med(ttft):.1f} / {q95(ttft):.1f} s |")
-    lines += ratios(sub, names, ns, "specmac none")
+    lines += ratios(sub, names, ns, PLAIN[:1])
+    if sum(any(r["server"] == n for r in sub) for n in PLAIN) > 1:  # a peer's server beside it
+        lines += ratios(sub, names, ns, PLAIN)
     lines += ["", "What specmac's passes held (its /metrics, summed over the rounds): streams stepping per "
               "pass, drafts per drafting step, tokens written per target pass; steps by the source that "
               "drafted them, with the drafts they verified and how many were accepted.", "",
@@ -552,21 +557,31 @@ def streams_report(sub: list[dict], names: list[str], curve: dict | None) -> lis
     return lines + [""]
 
 
-def ratios(sub: list[dict], names: list[str], ns: list[int], plain: str) -> list[str]:
-    """Each server's aggregate tokens/s over ``plain``'s in the same round, per N: the median over
-    the rounds, each round's in parentheses (nothing where ``plain`` did not run)."""
-    base = {r["round"]: r for r in sub if r["server"] == plain}
-    others = [n for n in names if n != plain and any(r["server"] == n for r in sub)]
-    if not base or not others:
+PLAIN = ("specmac none", "llama_cpp.server", "transformers serve")  # the servers that decode plainly
+
+
+def ratios(sub: list[dict], names: list[str], ns: list[int], plain: Sequence[str]) -> list[str]:
+    """Each other server's aggregate tokens/s over the fastest of the ``plain`` servers in the same
+    round and N: the median over the rounds, each round's in parentheses (nothing where none of
+    them ran)."""
+    ran = [n for n in plain if any(r["server"] == n for r in sub)]
+    others = [n for n in names if n not in ran and any(r["server"] == n for r in sub)]
+    if not ran or not others:
         return []
-    lines = ["", f"Against {plain} in the same round (its tokens/s = 1):", "",
+    base: dict[tuple[int, int], float] = {}
+    for r in sub:
+        if r["server"] in ran:
+            for j, x in enumerate(r["streams"]):
+                base[r["round"], j] = max(base.get((r["round"], j), 0.0), x["tokens_per_second"])
+    what = ran[0] if len(ran) == 1 else "the fastest of " + ", ".join(ran)
+    lines = ["", f"Against {what} in the same round (its tokens/s = 1):", "",
              "| server | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---:|" * len(ns)]
     for name in others:
-        rs = [r for r in sub if r["server"] == name and r["round"] in base]
+        rs = [r for r in sub if r["server"] == name]
         cells = []
         for j in range(len(ns)):
-            x = [r["streams"][j]["tokens_per_second"] / base[r["round"]]["streams"][j]["tokens_per_second"]
-                 for r in rs]
+            x = [r["streams"][j]["tokens_per_second"] / base[r["round"], j] for r in rs
+                 if (r["round"], j) in base]
             cells.append(f"{med(x):.2f} (" + ", ".join(f"{v:.2f}" for v in x) + ")")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
