@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F  # noqa: N812  (torch's own name for it)
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.utils import logging as hf_logging
 
 from specmac.backends import MAX_CTX, MAX_THREADS, BaseBackend, Option, Saved, hf, tail_rows
@@ -178,11 +178,14 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
             n += 1
         return Saved(tuple(tokens), cache, sum(t.numel() * t.element_size() for t in tensors.values()))
 
-    # --- several sequences: lanes with their own caches, scored together in one padded forward --
+    # --- several sequences: lanes with their own caches, their tokens in one forward -------------
     @property
     def can_batch(self) -> bool:  # type: ignore[override]
-        """Padding works where every cache layer is a plain attention layer (no sliding window)."""
-        return all(type(layer).__name__ == "DynamicLayer" for layer in new_cache(self.model).layers)
+        """One forward serves several lanes where the model attends through sdpa (its attention is
+        then taken lane by lane, ``lanes_attention``) and every cache layer is a plain attention
+        layer (no sliding window)."""
+        return (self.model.config._attn_implementation == "sdpa"
+                and all(type(layer).__name__ == "DynamicLayer" for layer in new_cache(self.model).layers))
 
     def lanes(self, n: int) -> list[BaseBackend]:
         out: list[BaseBackend] = [self]
@@ -193,70 +196,62 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
         return out
 
     def score_many(self, asks):
-        """Asks of similar length in one forward (the past left-padded, the new tokens right-padded,
-        an attention mask and each sequence's own positions); a much longer one (a prompt's chunk)
-        alone, as ``score`` would take it."""
-        work = [(j, lane, lane.check_tokens(tokens), rows) for j, (lane, tokens, rows) in enumerate(asks)]
-        if len({id(w[1]) for w in work}) < len(work):
+        """Every ask's tokens in one forward, one after another in one row (as continuous batching
+        packs them): the weights' matmuls over all of them at once, the attention each lane's own
+        (its cache and its new tokens, ``lanes_attention``), so no token computes padding and a
+        prompt's chunk goes in the same forward as the other lanes' steps."""
+        work = [(lane, lane.check_tokens(tokens), rows) for lane, tokens, rows in asks]
+        if len({id(w[0]) for w in work}) < len(work):
             raise ValueError("score_many: a lane appears twice in one pass")
-        out: list = [None] * len(work)
-        for group in pad_groups(work):
-            if len(group) == 1:
-                j, lane, tokens, rows = group[0]
-                n = tail_rows(rows, len(tokens))
-                logits = lane._forward(tokens, keep=max(n, 1))
-                out[j] = logits if n else None
-            else:
-                for (j, _, tokens, rows), logits in zip(group, self._forward_padded(group)):
-                    out[j] = logits if tail_rows(rows, len(tokens)) else None
-        return out
+        if len(work) == 1:
+            lane, tokens, rows = work[0]
+            n = tail_rows(rows, len(tokens))
+            logits = lane._forward(tokens, keep=max(n, 1))
+            return [logits if n else None]
+        return self._forward_lanes(work)
 
-    def forwards(self, widths):
-        """One padded forward per group ``score_many`` makes (asks x the group's longest tokens):
-        asks of unlike widths (one stream drafting, the others not) cost two forwards, not one."""
-        return [len(g) * g[0] for g in pad_groups(list(widths), size=lambda n: n)]
-
-    def _forward_padded(self, group) -> list[np.ndarray]:
-        lanes = [lane for _, lane, _, _ in group]
-        past = [lane._n_past for lane in lanes]
-        P, L, B = max(past), max(len(t) for _, _, t, _ in group), len(group)
-        ids = torch.zeros((B, L), dtype=torch.long, device=self.device)
-        mask = torch.zeros((B, P + L), dtype=torch.long, device=self.device)
-        pos = torch.zeros((B, L), dtype=torch.long, device=self.device)
-        for b, (_, _, tokens, _) in enumerate(group):
-            ids[b, : len(tokens)] = torch.tensor(tokens, device=self.device)
-            mask[b, P - past[b] : P + len(tokens)] = 1
-            pos[b] = past[b] + torch.arange(L, device=self.device)
-        cache = new_cache(self.model)
-        held = [lane.cache.layers if n else None for lane, n in zip(lanes, past)]
-        for i in range(len(cache.layers) if P else 0):  # each lane's past, left-padded to P
-            empty = next(h[i].keys for h in held if h is not None)[:, :, :0]
-            keys = [F.pad(h[i].keys if h else empty, (0, 0, P - n, 0)) for h, n in zip(held, past)]
-            values = [F.pad(h[i].values if h else empty, (0, 0, P - n, 0)) for h, n in zip(held, past)]
-            cache.update(torch.cat(keys), torch.cat(values), i)
-        # the positions whose logits some ask wants (each ask's last ones): one span for the batch
-        want = [(len(t) - tail_rows(rows, len(t)), len(t)) for _, _, t, rows in group]
-        asked = [(a, b) for a, b in want if a < b] or [(L - 1, L)]
-        lo, hi = min(a for a, _ in asked), max(b for _, b in asked)
-        kw = {self._keep_arg: torch.arange(lo, hi, device=self.device)} if self._keep_arg else {}
-
-        def run():
-            with torch.inference_mode():
-                return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                                  use_cache=True, **kw)
-        out = self._threads.timed(run) if self._threads else run()
-        logits = out.logits.float().cpu().numpy()
-        lo = lo if kw else 0  # where the logits returned start
-        rows = []
-        for b, (_, lane, tokens, _) in enumerate(group):
-            n = len(tokens)
+    def _forward_lanes(self, work) -> list[np.ndarray | None]:
+        ids, pos, spans, keep = [], [], [], []
+        for lane, tokens, rows in work:
+            a = len(ids)
+            ids += tokens
+            pos += range(lane._n_past, lane._n_past + len(tokens))
             if lane.cache is None:
                 lane.cache = new_cache(self.model)
-            for i, layer in enumerate(cache.layers):
-                new = slice(P, P + n)
-                lane.cache.update(layer.keys[b : b + 1, :, new], layer.values[b : b + 1, :, new], i)
-            lane._n_past += n
-            rows.append(logits[b, want[b][0] - lo : n - lo])
+            spans.append((lane.cache, a, len(ids)))
+            keep += range(len(ids) - tail_rows(rows, len(tokens)), len(ids))
+        dev = self.device
+        kw = {self._keep_arg: torch.tensor(keep or [len(ids) - 1], device=dev)} if self._keep_arg else {}
+        config = self.model.config
+
+        def run():
+            was, config._attn_implementation = config._attn_implementation, LANES  # this forward only
+            try:
+                with torch.inference_mode():
+                    return self.model(input_ids=torch.tensor([ids], device=dev),
+                                      position_ids=torch.tensor([pos], device=dev), use_cache=False,
+                                      specmac_lanes=spans, **kw)
+            finally:
+                config._attn_implementation = was
+        try:
+            out = self._threads.timed(run) if self._threads else run()
+        except BaseException:
+            for lane, _, _ in work:  # what its layers appended before it failed
+                if lane._n_past:
+                    lane.cache.crop(lane._n_past)
+                else:
+                    lane.cache = None
+            raise
+        logits = out.logits[0].float().cpu().numpy()
+        rows, r = [], 0
+        for lane, tokens, want in work:
+            lane._n_past += len(tokens)
+            n = tail_rows(want, len(tokens))
+            rows.append(logits[r : r + n] if n else None)
+            r += n
+        if not self._keep_arg:  # every position's logits came back: each lane's last n
+            rows = [None if x is None else logits[b - len(x) : b]
+                    for x, (_, _, b) in zip(rows, spans)]
         return rows
 
     def sync(self) -> None:
@@ -275,21 +270,25 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
         return hf.apply_chat_template(self.tokenizer, prompt)
 
 
-PAD_WASTE = 1.5  # a forward over padded asks computes at most this many times their real tokens
+LANES = "specmac_lanes"  # the attention a forward over several lanes runs under
 
 
-def pad_groups(work: list, size=lambda w: len(w[2])) -> list[list]:
-    """Asks (j, lane, tokens, rows) in groups scored together: from the longest down, an ask joins
-    the group while the padded forward (asks x the longest) stays within ``PAD_WASTE`` of their
-    tokens. ``size``: an ask's token count."""
-    groups: list[list] = []
-    for w in sorted(work, key=lambda w: -size(w)):
-        g = groups[-1] if groups else None
-        if g is not None and (len(g) + 1) * size(g[0]) <= PAD_WASTE * sum(size(x) for x in [*g, w]):
-            g.append(w)
-        else:
-            groups.append([w])
-    return groups
+def lanes_attention(module, query, key, value, attention_mask, *, specmac_lanes=(), **kwargs):
+    """Attention for a forward whose row holds several lanes' new tokens (``specmac_lanes``: each
+    lane's cache and its tokens' span [a, b) of the row): each lane's keys and values go to its own
+    cache, and its queries attend to that cache alone, through the kernel the lane's forward alone
+    calls (sdpa, with the causal mask of a span after a past)."""
+    outs = []
+    for cache, a, b in specmac_lanes:
+        k, v = cache.update(key[:, :, a:b], value[:, :, a:b], module.layer_idx)
+        n, m = b - a, k.shape[2]
+        mask = (None if n == 1 or m == n
+                else torch.ones((n, m), dtype=torch.bool, device=query.device).tril(m - n)[None, None])
+        outs.append(sdpa_attention_forward(module, query[:, :, a:b], k, v, mask, **kwargs)[0])
+    return torch.cat(outs, dim=1), None
+
+
+AttentionInterface.register(LANES, lanes_attention)
 
 
 def device_and_dtype(o: dict) -> tuple[str, str]:

@@ -343,7 +343,7 @@ def test_a_batch_of_one_is_one_sequence_and_a_batch_shares_the_cheap_width():
 
 
 def test_a_batch_is_priced_by_the_forwards_the_target_makes():
-    """A target that pads its lanes to the longest (torch) scores one stream's drafts beside the
+    """A target that would pad its lanes to the longest scores one stream's drafts beside the
     others' single tokens in a second forward: priced by the backend's ``forwards``, a draft that
     pays in one forward over all the tokens is declined where it costs a forward of its own."""
     planner = Planner([Free()], Costs([1.0 + 0.02 * n for n in range(33)]))
@@ -354,7 +354,7 @@ def test_a_batch_is_priced_by_the_forwards_the_target_makes():
     one = planner.plan(asks)
     assert one[0][0] == 0 and one[0][1] >= 2 and all(c == (None, 0) for c in one[1:])
 
-    def padded(widths):  # the torch rule for these widths: the long ask alone, the rest together
+    def padded(widths):  # padding to the longest, like widths together: the long ask alone
         return [sum(widths)] if len(set(widths)) == 1 else [max(widths), sum(widths) - max(widths)]
 
     assert planner.plan(asks, padded) == [(None, 0)] * 4
