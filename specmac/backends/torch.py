@@ -82,6 +82,11 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
         self.n_ctx = context_window(config, o["n_ctx"])
         self.vocab = hf.vocab_from_tokenizer(self.tokenizer, config.vocab_size, hf.generation_eos_ids(folder))
         self._keep_arg = logits_to_keep_arg(self.model)
+        # one forward serves several lanes where the model attends through sdpa (its attention is
+        # then taken lane by lane, ``lanes_attention``) and every cache layer is a plain attention
+        # layer (no sliding window); read once (the planner asks at every width it weighs)
+        self._can_batch = (self.model.config._attn_implementation == "sdpa" and all(
+            type(layer).__name__ == "DynamicLayer" for layer in new_cache(self.model).layers))
         self.cache: DynamicCache | None = new_cache(self.model)  # checks now that it can be rewound
         self._n_past = 0
         self.resolved = {"device": device, "dtype": dtype, "n_threads": torch.get_num_threads(),
@@ -181,11 +186,7 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
     # --- several sequences: lanes with their own caches, their tokens in one forward -------------
     @property
     def can_batch(self) -> bool:  # type: ignore[override]
-        """One forward serves several lanes where the model attends through sdpa (its attention is
-        then taken lane by lane, ``lanes_attention``) and every cache layer is a plain attention
-        layer (no sliding window)."""
-        return (self.model.config._attn_implementation == "sdpa"
-                and all(type(layer).__name__ == "DynamicLayer" for layer in new_cache(self.model).layers))
+        return self._can_batch
 
     def lanes(self, n: int) -> list[BaseBackend]:
         out: list[BaseBackend] = [self]
