@@ -12,6 +12,7 @@ again now and then to take CPUs back when the other work is gone.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from collections.abc import Callable
@@ -162,3 +163,26 @@ class Fitter:
                 self.changes += 1
                 self._set(n, why)
         self._window()
+
+
+def give_up_openmp_pools() -> int:
+    """Free the calling thread's OpenMP thread pools, in every OpenMP runtime the process loaded
+    (torch's own libgomp, llama.cpp's): call it from a thread that is done with compute before
+    another thread takes the passes over. libgomp spins its threads at barriers only while the
+    process holds no more OpenMP threads than CPUs; a pool kept by the thread that loaded the models
+    puts it over, and then every barrier of the thread that runs the passes sleeps and wakes, where
+    a pass of a small model has hundreds. -> the pools freed (0 where there is no /proc)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return 0
+    names = ("libgomp", "libomp", "libiomp")
+    libs = {line.split()[-1] for line in maps.splitlines() if "/" in line}
+    freed = 0
+    for path in sorted(p for p in libs if any(p.rsplit("/", 1)[-1].startswith(n) for n in names)):
+        try:
+            lib = ctypes.CDLL(path)
+            freed += lib.omp_pause_resource_all(2) == 0  # omp_pause_hard: the pool's threads end
+        except (OSError, AttributeError):  # not loadable here, or a runtime without OpenMP 5.0's pause
+            continue
+    return freed

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specmac.api import Lane, Pair
+from specmac.backends.threads import give_up_openmp_pools
 from specmac.core.drafters import common_prefix
 from specmac.core.loop import Event, Stream, pass_streams
 from specmac.core.planner import Planner
@@ -109,6 +110,9 @@ class Worker:
         return self.planners[k]
 
     def start(self) -> None:
+        """Start the scheduler's thread: from here on every pass runs there, so the calling thread
+        (which loaded and timed the models) gives up its CPU threads first."""
+        give_up_openmp_pools()
         self.thread.start()
 
     def submit(self, job: Job) -> None:

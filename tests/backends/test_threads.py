@@ -132,3 +132,23 @@ def test_fitter_times_passes_and_looks_every_interval(monkeypatch):
     monkeypatch.setenv(cpu_threads.ENV, "fixed")  # fixed: never refitted
     f.timed(lambda: None)
     assert len(looked) == 1
+
+
+def test_the_loading_thread_gives_its_openmp_pools_up_and_compute_goes_on():
+    """``give_up_openmp_pools`` frees the calling thread's pools in the OpenMP runtimes loaded here
+    (torch's libgomp; llama.cpp's where it is loaded), so the server's scheduler thread is the one
+    process thread with a pool; torch computes the same afterwards, on this thread and on another."""
+    import threading
+    from pathlib import Path
+
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install specmac[torch])")
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("no /proc here: the runtimes loaded are not listed")
+    x = torch.arange(1 << 17, dtype=torch.float32)
+    want = float((x + 1.0).sum())  # a parallel region: this thread's pool exists now
+    assert cpu_threads.give_up_openmp_pools() >= 1
+    got = []
+    t = threading.Thread(target=lambda: got.append(float((x + 1.0).sum())))
+    t.start()
+    t.join()
+    assert got == [want] and float((x + 1.0).sum()) == want
