@@ -237,22 +237,21 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
         try:
             out = self._threads.timed(run) if self._threads else run()
         except BaseException:
-            for lane, _, _ in work:  # what its layers appended before it failed
-                if lane._n_past:
-                    lane.cache.crop(lane._n_past)
-                else:
+            for lane, _, _ in work:  # what the layers before the failure appended, layer by layer
+                for layer in lane.cache.layers if lane._n_past else ():
+                    if (extra := layer.get_seq_length() - lane._n_past) > 0:
+                        layer.crop(-extra)
+                if not lane._n_past:
                     lane.cache = None
             raise
-        logits = out.logits[0].float().cpu().numpy()
+        logits = out.logits[0].float().cpu().numpy()  # the rows kept, in order (else every row)
         rows, r = [], 0
-        for lane, tokens, want in work:
+        for (lane, tokens, want), (_, _, end) in zip(work, spans):
             lane._n_past += len(tokens)
             n = tail_rows(want, len(tokens))
-            rows.append(logits[r : r + n] if n else None)
+            at = r if self._keep_arg else end - n
+            rows.append(logits[at : at + n] if n else None)
             r += n
-        if not self._keep_arg:  # every position's logits came back: each lane's last n
-            rows = [None if x is None else logits[b - len(x) : b]
-                    for x, (_, _, b) in zip(rows, spans)]
         return rows
 
     def sync(self) -> None:

@@ -155,3 +155,40 @@ def test_greedy_streams_sharing_passes_write_what_each_writes_alone(target, opts
             if isinstance(e, Event):
                 out[i] += e.tokens
     assert out == ref
+
+
+def test_a_torch_pass_that_fails_midway_leaves_each_lane_as_it_was(monkeypatch):
+    """An error inside the forward over several lanes (here from the attention of its third layer,
+    after the first two appended every lane's new keys) leaves each lane's cache holding what it
+    held before, so the same pass again gives the rows a pass that never failed gives."""
+    need("torch")
+    import specmac.backends.torch as tb
+
+    b = load_backend("torch", None, {"dtype": "float32"})
+    seqs = [b.encode(t) for t in TEXTS]
+    lanes = b.lanes(3)
+    b.score_many([(lane, s[:-2], False) for lane, s in zip(lanes, seqs)])  # lane 3 of 4 stays empty
+    asks = [(lane, s[-2:], True) for lane, s in zip(lanes, seqs)] + [(b.lanes(4)[3], seqs[3], True)]
+    lanes = [a[0] for a in asks]
+    want = b.score_many(asks)
+    for lane, s in zip(lanes, seqs[:3]):
+        lane.rewind(len(s) - 2)
+    lanes[3].reset()
+    real = tb.lanes_attention
+
+    def failing(module, *args, **kw):
+        if module.layer_idx == 2:
+            raise RuntimeError("planted")
+        return real(module, *args, **kw)
+    monkeypatch.setattr(tb, "lanes_attention", failing)
+    tb.AttentionInterface.register(tb.LANES, failing)
+    try:
+        with pytest.raises(RuntimeError, match="planted"):
+            b.score_many(asks)
+    finally:
+        tb.AttentionInterface.register(tb.LANES, real)
+    assert [lane.n_past for lane in lanes] == [len(s) - 2 for s in seqs[:3]] + [0]
+    assert [lane.held for lane in lanes] == [s[:-2] for s in seqs[:3]] + [[]]
+    got = b.score_many(asks)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-5)
