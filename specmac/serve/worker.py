@@ -34,6 +34,7 @@ from specmac.errors import ContextOverflow, SpecmacError
 from specmac.serve.metrics import Metrics
 from specmac.serve.schema import ApiError, GenRequest
 from specmac.serve.text import FALLBACK_FORMAT, TextOut, fallback_chat
+from specmac.tuning.timing import time_shared_drafting
 
 log = logging.getLogger("specmac.serve")
 FINISH = {"eos": "stop", "length": "length", "context": "length"}
@@ -90,6 +91,8 @@ class Worker:
         self.thread = threading.Thread(target=self._run, name="specmac-worker", daemon=True)
         self.chat_template = self._has_chat_template()
         self.lanes = pair.lanes(parallel)
+        if planner is not None:  # what drafting for several streams at once costs here, from the start
+            time_shared_drafting(self.lanes, planner.costs)
         self.prefill_chunk = prefill_chunk
         self.active: list[Running] = []
 

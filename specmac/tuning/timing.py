@@ -86,3 +86,34 @@ def time_single(backend: BaseBackend, *, context: int = 64, repeats: int = 10,
             samples.append(dt)
     backend.reset()
     return summary(samples)
+
+
+def time_shared_drafting(lanes: Sequence, costs, *, context: int = 64, repeats: int = 3) -> None:
+    """Each draft model among ``lanes``' sources (``Pair.lanes``) whose backend scores several
+    lanes in one pass: its one-token pass drafting for two lanes and for all of them at once, after
+    ``context`` tokens each, timed and told to ``costs`` (``Costs.observe_draft`` with the lanes);
+    every draft lane left empty. Before any such pass is timed the planner prices drafting for
+    several streams as a pass per stream, so where sharing is cheap it would decline the model for
+    a batch and never time the pass that shows it; a server times it once at its start."""
+    if len(lanes) < 2:
+        return
+    for source in lanes[0].sources:
+        lead = source.backend
+        if lead is None or not lead.can_batch:
+            continue
+        backs = [next(s.backend for s in lane.sources if s.name == source.name) for lane in lanes]
+        check_context(lead, context, 1)
+        ids = probe_tokens(lead, context + 1)
+        lead.score_many([(b, ids[:context], False) for b in backs])
+        for m in sorted({2, len(backs)}):
+            asks = [(b, ids[context:], True) for b in backs[:m]]
+            samples = []
+            for i in range(repeats + 1):  # the first pass warms up
+                dt = timed(lead, lambda lead=lead, asks=asks: lead.score_many(asks))
+                for b in backs[:m]:
+                    b.rewind(context)
+                if i:
+                    samples.append(dt)
+            costs.observe_draft(source.name, 1, float(np.median(samples)), lanes=m)
+        for b in backs:
+            b.reset()

@@ -157,6 +157,26 @@ def test_a_shared_draft_pass_is_timed_with_its_lanes_apart_from_one_streams():
     assert 0.002 <= planner.costs.draft("synthetic") < 0.004  # one lane: 2 ms a pass
 
 
+def test_a_server_times_drafting_for_its_lanes_before_any_request():
+    """``time_shared_drafting`` times the draft's pass for two lanes and for all of them (the
+    synthetic draft's pass costs 2 ms a token, so 4 ms and 8 ms), tells the costs with their lanes,
+    and leaves every draft lane empty; a pass drafting for three is priced between them, not as
+    three one-stream passes would be before any shared pass was timed."""
+    from specmac.core.costs import Costs
+    from specmac.tuning.timing import time_shared_drafting
+
+    slow = Counted(role="draft", noise=0.3, latency_ms=2.0, beta=1.0)
+    pair = Pair(Counted(role="target"), [ModelDrafter(slow)])
+    lanes = pair.lanes(4)
+    costs = Costs([0.01, 0.011], {"synthetic": 0.002})
+    assert costs.draft("synthetic", 3) == pytest.approx(0.006)  # untimed: a pass per lane
+    time_shared_drafting(lanes, costs, context=8, repeats=2)
+    assert sorted(costs.draft_wide["synthetic"]) == [2, 4]
+    assert 0.004 <= costs.draft("synthetic", 2) < 0.006 and 0.008 <= costs.draft("synthetic", 4) < 0.011
+    assert all(lane.sources[0].backend.n_past == 0 for lane in lanes)
+    assert costs.draft("synthetic") == pytest.approx(0.002)  # one stream's price untouched
+
+
 def test_the_check_catches_drafts_handed_to_the_wrong_stream():
     pair = Pair(Counted(role="target"), [ModelDrafter(SwappedDrafts(role="draft", noise=0.3))])
     ref = alone_accepted(pair)
