@@ -82,12 +82,12 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
         self.n_ctx = context_window(config, o["n_ctx"])
         self.vocab = hf.vocab_from_tokenizer(self.tokenizer, config.vocab_size, hf.generation_eos_ids(folder))
         self._keep_arg = logits_to_keep_arg(self.model)
+        self.cache: DynamicCache | None = new_cache(self.model)  # checks now that it can be rewound
         # one forward serves several lanes where the model attends through sdpa (its attention is
         # then taken lane by lane, ``lanes_attention``) and every cache layer is a plain attention
         # layer (no sliding window); read once (the planner asks at every width it weighs)
-        self._can_batch = (self.model.config._attn_implementation == "sdpa" and all(
-            type(layer).__name__ == "DynamicLayer" for layer in new_cache(self.model).layers))
-        self.cache: DynamicCache | None = new_cache(self.model)  # checks now that it can be rewound
+        self._can_batch = (self.model.config._attn_implementation == "sdpa"
+                           and all(type(layer).__name__ == "DynamicLayer" for layer in self.cache.layers))
         self._n_past = 0
         self.resolved = {"device": device, "dtype": dtype, "n_threads": torch.get_num_threads(),
                          "trust_remote_code": o["trust_remote_code"], "n_ctx": self.n_ctx,
@@ -219,7 +219,12 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
             pos += range(lane._n_past, lane._n_past + len(tokens))
             if lane.cache is None:
                 lane.cache = new_cache(self.model)
-            spans.append((lane.cache, a, len(ids)))
+            n, m = len(tokens), lane._n_past + len(tokens)  # its new tokens; its keys after them
+            # the causal mask of a span after a past, the same in every layer (none: one token, or
+            # no past, where sdpa's own causal flag does it)
+            mask = (None if n == 1 or m == n else torch.ones((n, m), dtype=torch.bool, device=self.device)
+                    .tril(m - n)[None, None])
+            spans.append((lane.cache, a, len(ids), mask))
             keep += range(len(ids) - tail_rows(rows, len(tokens)), len(ids))
         dev = self.device
         kw = {self._keep_arg: torch.tensor(keep or [len(ids) - 1], device=dev)} if self._keep_arg else {}
@@ -246,7 +251,7 @@ class TorchBackend(hf.HFFolderMixin, BaseBackend):
             raise
         logits = out.logits[0].float().cpu().numpy()  # the rows kept, in order (else every row)
         rows, r = [], 0
-        for (lane, tokens, want), (_, _, end) in zip(work, spans):
+        for (lane, tokens, want), (_, _, end, _) in zip(work, spans):
             lane._n_past += len(tokens)
             n = tail_rows(want, len(tokens))
             at = r if self._keep_arg else end - n
@@ -275,15 +280,12 @@ LANES = "specmac_lanes"  # the attention a forward over several lanes runs under
 
 def lanes_attention(module, query, key, value, attention_mask, *, specmac_lanes=(), **kwargs):
     """Attention for a forward whose row holds several lanes' new tokens (``specmac_lanes``: each
-    lane's cache and its tokens' span [a, b) of the row): each lane's keys and values go to its own
-    cache, and its queries attend to that cache alone, through the kernel the lane's forward alone
-    calls (sdpa, with the causal mask of a span after a past)."""
+    lane's cache, its tokens' span [a, b) of the row and its mask): each lane's keys and values go
+    to its own cache, and its queries attend to that cache alone, through the kernel the lane's
+    forward alone calls (sdpa)."""
     outs = []
-    for cache, a, b in specmac_lanes:
+    for cache, a, b, mask in specmac_lanes:
         k, v = cache.update(key[:, :, a:b], value[:, :, a:b], module.layer_idx)
-        n, m = b - a, k.shape[2]
-        mask = (None if n == 1 or m == n
-                else torch.ones((n, m), dtype=torch.bool, device=query.device).tril(m - n)[None, None])
         outs.append(sdpa_attention_forward(module, query[:, :, a:b], k, v, mask, **kwargs)[0])
     return torch.cat(outs, dim=1), None
 
