@@ -77,8 +77,7 @@ class _Clock:
         self.now, self.t = now, now()
 
     def lap(self) -> float:
-        t = self.now()
-        dt, self.t = t - self.t, t
+        dt, self.t = (t := self.now()) - self.t, t
         return dt
 
 
@@ -241,7 +240,8 @@ class Stream:
         return event
 
     def close(self) -> None:
-        """The caches hold seq[:-1] (also after an exception, or a consumer that stopped early)."""
+        """The caches hold seq[:-1] (also after an exception or an early stop); the planner settles it."""
+        self.planner.settle(self.record)
         self.target.rewind(min(self.target.n_past, len(self.seq) - 1))
         for s in self.sources:
             s.trim(len(self.seq) - 1)

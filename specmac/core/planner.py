@@ -21,6 +21,8 @@ is accepted for a while and then left, so one proposal's drafts are not independ
 forgotten a little every step, so a change of text is followed and a declined source is tried again
 once its record has faded towards its prior. Every proposal a free source made is scored against
 what the step committed, chosen or not, so a kind that is never bet on can still earn its way back.
+A sequence's prior is its sources' own, moved by what the planner's sequences done before it showed
+(``settle``): a server's requests start from the acceptance its recent requests met, not a constant.
 
 The prefill of a model that has not seen the text is paid back only over the tokens it can expect
 to draft for: the tokens the answer has left, at the chance it ends before ``max_tokens`` (an answer
@@ -48,6 +50,7 @@ K_DEFAULT = 4  # drafts per step unless told otherwise
 LENGTH = 128  # tokens: the scale of the prior on an answer's length (half of all answers are longer)
 HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
 BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
+KEEP = 0.8  # what the counts of the sequences done keep at each one more done (about five remembered)
 
 Offer = tuple[int, list[int], str]  # (source index, drafts, kind): a free source's proposal
 Choice = tuple[int | None, int]  # (source index or None for a plain step, width)
@@ -64,6 +67,9 @@ class Planner:
         self.sources, self.costs, self.k = list(sources), costs or Costs(), k
         self.length, self.decay = float(length), float(decay)
         self.priors = {(s.name, kind): p for s in self.sources for kind, p in s.priors.items()}
+        # per (source, kind): [accepted, reached] of the sequences done, what they count for ``KEEP``
+        # of itself at each one done (``Record.counts``): a new sequence's prior (``record``)
+        self.seen: dict[Key, np.ndarray] = {}
         self._free = any(s.backend is None for s in self.sources)  # free sources beside the models
         self.last: Record | None = None  # the latest sequence started (a run's stats read it)
         self.kept: object | None = None  # where the costs were kept (the tuning layer's; never read here)
@@ -74,9 +80,24 @@ class Planner:
         return "auto" if self.k is None else "fixed"
 
     def record(self, max_tokens: int) -> Record:
-        """A new sequence's record (it writes at most ``max_tokens``), owned by this planner."""
-        self.last = Record(max_tokens, self)
+        """A new sequence's record (it writes at most ``max_tokens``), owned by this planner. Its
+        prior share for each (source, kind) is the source's own, moved by what the sequences done
+        before it showed (``settle``), at the source's weight: requests to a server are alike
+        enough that the last few say more than a constant, and a sequence still learns its own
+        text within a few proposals."""
+        priors = {}
+        for key, (p, w, one_rate) in self.priors.items():
+            a, n = self.seen.get(key, (0.0, 0.0))
+            priors[key] = ((a + p * w) / (n + w), w, one_rate)
+        self.last = Record(max_tokens, self, priors)
         return self.last
+
+    def settle(self, record: Record) -> None:
+        """A sequence is done: its counts join those of the sequences before it (once)."""
+        if record.counts and not record.settled:
+            for key in {*self.seen, *record.counts}:
+                self.seen[key] = KEEP * self.seen.get(key, np.zeros(2)) + record.counts.get(key, 0.0)
+        record.settled = True
 
     # --- choosing ---------------------------------------------------------------------------------
     def choose(self, record: Record, offers: Sequence[Offer], behind: Mapping[int, int], room: int) -> Choice:

@@ -24,16 +24,19 @@ class Record:
     of proposals that reached depth j and of those accepted there; the tokens written so far and
     how many of them free sources' accepted drafts wrote."""
 
-    def __init__(self, max_tokens: int, owner: Any) -> None:
+    def __init__(self, max_tokens: int, owner: Any, priors: Mapping[Key, tuple[float, float, bool]]) -> None:
         self.max_tokens, self.owner = max_tokens, owner  # the planner whose sources and K its steps take
         # its sources' priors per (source, kind) and what the counts keep from one step to the next
-        self.priors: Mapping[Key, tuple[float, float, bool]] = owner.priors
-        self.decay: float = owner.decay
+        self.priors, self.decay = priors, float(owner.decay)
         self.reached: dict[Key, np.ndarray] = {}
         self.accepted: dict[Key, np.ndarray] = {}
+        # per (source, kind), never decayed: [accepted, reached] of what its prior stands for (the
+        # first draft of a free source's proposal; every draft of a source of one rate)
+        self.counts: dict[Key, np.ndarray] = {}
         self.n_out = self.free_written = 0
         self.elapsed = self.lost = 0.0  # seconds decoded; seconds model steps lost against plain ones
         self.note = ""  # why a model was not started, where its prefill is what stopped it
+        self.settled = False  # its counts have joined the planner's (``Planner.settle``)
 
     def survival(self, key: Key, m: int) -> np.ndarray:
         """[m + 1] S(j), j = 0..m: the chance that a proposal's first j drafts are all accepted.
@@ -95,6 +98,9 @@ class Record:
             self.accepted[key] = np.concatenate([self.accepted[key], np.zeros(grow)])
         self.reached[key][:depth] += 1
         self.accepted[key][:kept] += 1
+        one_rate = self.priors.get(key, MODEL_PRIOR)[2]
+        count = self.counts.setdefault(key, np.zeros(2))
+        count += (kept, depth) if one_rate else (kept > 0, depth > 0)
 
     def advance(self, n_new: int, free_accepted: int) -> None:
         """A step wrote ``n_new`` tokens, ``free_accepted`` of them a free source's accepted drafts."""

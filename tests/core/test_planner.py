@@ -91,6 +91,43 @@ def test_the_text_says_nothing_beyond_what_it_committed():
     assert (r.n_out, r.free_written) == (3, 2)
 
 
+def test_a_new_sequence_starts_from_what_the_sequences_done_showed():
+    """The planner's sequences done move a new one's prior share: a free kind's by its proposals'
+    first drafts, a model's by all its drafts; at the source's own weight, so the new sequence still
+    learns its own text; each done sequence counts once, the earlier ones fading by KEEP."""
+    planner = Planner([])
+    planner.priors = {("f", "x"): (0.5, 2.0, False), ("m", "model"): (0.6, 4.0, True)}
+    first = planner.record(100)
+    for _ in range(6):  # six proposals, each rejected at its first draft
+        first.learn(("f", "x"), [1, 2, 3], [9])
+    first.learn(("m", "model"), [1, 2, 3, 4], [1, 2, 3, 9])  # 3 of 4 drafts accepted
+    first.advance(1, 0)  # the decayed counts fade; what the planner keeps does not
+    assert planner.record(100).survival(("f", "x"), 1)[1] == pytest.approx(0.5)  # not done yet
+    planner.settle(first)
+    planner.settle(first)  # once
+    second = planner.record(100)
+    assert second.priors[("f", "x")] == (pytest.approx((0 + 0.5 * 2) / (6 + 2)), 2.0, False)
+    assert second.priors[("m", "model")] == (pytest.approx((3 + 0.6 * 4) / (4 + 4)), 4.0, True)
+    assert second.survival(("f", "x"), 1)[1] == pytest.approx(1 / 8)
+    for _ in range(2):
+        second.learn(("f", "x"), [1, 2], [1, 2, 3])  # its own text copies: it learns that quickly
+    assert second.survival(("f", "x"), 1)[1] > 0.5
+    planner.settle(second)
+    third = planner.record(100)
+    a, n = 0.8 * 0 + 2, 0.8 * 6 + 2
+    assert third.priors[("f", "x")][0] == pytest.approx((a + 0.5 * 2) / (n + 2))
+
+
+def test_a_stream_settles_its_record_with_its_planner_when_it_closes():
+    """``Stream.close`` hands the record to its planner: a server's next request starts from it."""
+    pair = Pair.load("synthetic", "lookup")
+    planner = pair.planner(4)
+    ids = [1, 2, 3, 4, 5, 6, 7, 8] * 4
+    events = list(pair.stream(ids, max_tokens=24, params=GREEDY, k=planner))
+    assert events and planner.last.settled and planner.seen
+    assert {key for key, _ in planner.seen.items()} <= set(planner.priors)
+
+
 def test_the_tokens_left_are_the_heavy_tailed_expectation():
     """E[min(L, max_tokens) - n | L > n] for P(L > x) = c / (c + x), integrated numerically."""
     for m, n in ((96, 0), (96, 40), (4096, 0), (4096, 1000)):
