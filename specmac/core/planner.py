@@ -51,6 +51,10 @@ LENGTH = 128  # tokens: the scale of the prior on an answer's length (half of al
 HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
 BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
 KEEP = 0.8  # what the counts of the sequences done keep at each one more done (about five remembered)
+# what a source's own prior counts for against the sequences done (drafts, or a free source's
+# proposals): a few rejections in a short request (a two-token greeting) move the next request's
+# prior a little, so a model is still tried there; a server's steady traffic outweighs it
+SETTLED_WEIGHT = 16.0
 
 Offer = tuple[int, list[int], str]  # (source index, drafts, kind): a free source's proposal
 Choice = tuple[int | None, int]  # (source index or None for a plain step, width)
@@ -82,13 +86,13 @@ class Planner:
     def record(self, max_tokens: int) -> Record:
         """A new sequence's record (it writes at most ``max_tokens``), owned by this planner. Its
         prior share for each (source, kind) is the source's own, moved by what the sequences done
-        before it showed (``settle``), at the source's weight: requests to a server are alike
-        enough that the last few say more than a constant, and a sequence still learns its own
-        text within a few proposals."""
+        before it showed (``settle``; the source's own counting for ``SETTLED_WEIGHT``), at the
+        source's weight: requests to a server are alike enough that the last few say more than a
+        constant, and a sequence still learns its own text within a few proposals."""
         priors = {}
         for key, (p, w, one_rate) in self.priors.items():
             a, n = self.seen.get(key, (0.0, 0.0))
-            priors[key] = ((a + p * w) / (n + w), w, one_rate)
+            priors[key] = ((a + p * SETTLED_WEIGHT) / (n + SETTLED_WEIGHT), w, one_rate)
         self.last = Record(max_tokens, self, priors)
         return self.last
 

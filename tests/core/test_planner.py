@@ -14,7 +14,7 @@ import pytest
 from specmac.api import Pair
 from specmac.core.costs import K_MAX, Costs, best_k
 from specmac.core.drafters import Drafter
-from specmac.core.planner import HOLD, LENGTH, Planner
+from specmac.core.planner import HOLD, LENGTH, SETTLED_WEIGHT, Planner
 from specmac.core.sampling import SamplingParams
 from specmac.core.sources import split_draft
 from specmac.errors import BadOption
@@ -93,12 +93,13 @@ def test_the_text_says_nothing_beyond_what_it_committed():
 
 def test_a_new_sequence_starts_from_what_the_sequences_done_showed():
     """The planner's sequences done move a new one's prior share: a free kind's by its proposals'
-    first drafts, a model's by all its drafts; at the source's own weight, so the new sequence still
-    learns its own text; each done sequence counts once, the earlier ones fading by KEEP."""
+    first drafts, a model's by all its drafts, the source's own prior counting for SETTLED_WEIGHT of
+    them; at the source's own weight, so the new sequence still learns its own text; each done
+    sequence counts once, the earlier ones fading by KEEP."""
     planner = Planner([])
     planner.priors = {("f", "x"): (0.5, 2.0, False), ("m", "model"): (0.6, 4.0, True)}
     first = planner.record(100)
-    for _ in range(6):  # six proposals, each rejected at its first draft
+    for _ in range(40):  # forty proposals, each rejected at its first draft
         first.learn(("f", "x"), [1, 2, 3], [9])
     first.learn(("m", "model"), [1, 2, 3, 4], [1, 2, 3, 9])  # 3 of 4 drafts accepted
     first.advance(1, 0)  # the decayed counts fade; what the planner keeps does not
@@ -106,16 +107,18 @@ def test_a_new_sequence_starts_from_what_the_sequences_done_showed():
     planner.settle(first)
     planner.settle(first)  # once
     second = planner.record(100)
-    assert second.priors[("f", "x")] == (pytest.approx((0 + 0.5 * 2) / (6 + 2)), 2.0, False)
-    assert second.priors[("m", "model")] == (pytest.approx((3 + 0.6 * 4) / (4 + 4)), 4.0, True)
-    assert second.survival(("f", "x"), 1)[1] == pytest.approx(1 / 8)
+    w = SETTLED_WEIGHT
+    assert second.priors[("f", "x")] == (pytest.approx((0 + 0.5 * w) / (40 + w)), 2.0, False)
+    assert second.priors[("m", "model")] == (pytest.approx((3 + 0.6 * w) / (4 + w)), 4.0, True)
+    assert second.priors[("m", "model")][0] > 0.6  # four drafts move it a little
+    assert second.survival(("f", "x"), 1)[1] < 0.15
     for _ in range(2):
         second.learn(("f", "x"), [1, 2], [1, 2, 3])  # its own text copies: it learns that quickly
     assert second.survival(("f", "x"), 1)[1] > 0.5
     planner.settle(second)
     third = planner.record(100)
-    a, n = 0.8 * 0 + 2, 0.8 * 6 + 2
-    assert third.priors[("f", "x")][0] == pytest.approx((a + 0.5 * 2) / (n + 2))
+    a, n = 0.8 * 0 + 2, 0.8 * 40 + 2
+    assert third.priors[("f", "x")][0] == pytest.approx((a + 0.5 * w) / (n + w))
 
 
 def test_a_stream_settles_its_record_with_its_planner_when_it_closes():
