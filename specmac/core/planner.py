@@ -51,9 +51,10 @@ LENGTH = 128  # tokens: the scale of the prior on an answer's length (half of al
 HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
 BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
 KEEP = 0.8  # what the counts of the sequences done keep at each one more done (about five remembered)
-# what a source's own prior counts for against the sequences done (drafts, or a free source's
-# proposals): a few rejections in a short request (a two-token greeting) move the next request's
-# prior a little, so a model is still tried there; a server's steady traffic outweighs it
+# what a model's own prior counts for, in drafts, against the drafts of the sequences done: a
+# rejection in a short request (a two-token greeting) moves the next request's prior a little, so
+# the model is still tried there; a server's steady traffic outweighs it. A free kind's prior
+# counts for its own weight in proposals, as within a sequence.
 SETTLED_WEIGHT = 16.0
 
 Offer = tuple[int, list[int], str]  # (source index, drafts, kind): a free source's proposal
@@ -86,13 +87,14 @@ class Planner:
     def record(self, max_tokens: int) -> Record:
         """A new sequence's record (it writes at most ``max_tokens``), owned by this planner. Its
         prior share for each (source, kind) is the source's own, moved by what the sequences done
-        before it showed (``settle``; the source's own counting for ``SETTLED_WEIGHT``), at the
+        before it showed (``settle``; a model's own counting for ``SETTLED_WEIGHT`` drafts), at the
         source's weight: requests to a server are alike enough that the last few say more than a
         constant, and a sequence still learns its own text within a few proposals."""
         priors = {}
         for key, (p, w, one_rate) in self.priors.items():
             a, n = self.seen.get(key, (0.0, 0.0))
-            priors[key] = ((a + p * SETTLED_WEIGHT) / (n + SETTLED_WEIGHT), w, one_rate)
+            own = SETTLED_WEIGHT if one_rate else w
+            priors[key] = ((a + p * own) / (n + own), w, one_rate)
         self.last = Record(max_tokens, self, priors)
         return self.last
 
