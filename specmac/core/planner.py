@@ -51,10 +51,8 @@ LENGTH = 128  # tokens: the scale of the prior on an answer's length (half of al
 HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
 BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
 KEEP = 0.8  # what the counts of the sequences done keep at each one more done (about five remembered)
-# what a model's own prior counts for, in drafts, against the drafts of the sequences done: a
-# rejection in a short request (a two-token greeting) moves the next request's prior a little, so
-# the model is still tried there; a server's steady traffic outweighs it. A free kind's prior
-# counts for its own weight in proposals, as within a sequence.
+# drafts a model's own prior counts for against those of the sequences done: a rejection in a short
+# request (a greeting) moves the next one's prior a little; steady traffic outweighs it
 SETTLED_WEIGHT = 16.0
 
 Offer = tuple[int, list[int], str]  # (source index, drafts, kind): a free source's proposal
@@ -72,9 +70,7 @@ class Planner:
         self.sources, self.costs, self.k = list(sources), costs or Costs(), k
         self.length, self.decay = float(length), float(decay)
         self.priors = {(s.name, kind): p for s in self.sources for kind, p in s.priors.items()}
-        # per (source, kind): [accepted, reached] of the sequences done, what they count for ``KEEP``
-        # of itself at each one done (``Record.counts``): a new sequence's prior (``record``)
-        self.seen: dict[Key, np.ndarray] = {}
+        self.seen: dict[Key, np.ndarray] = {}  # per (source, kind): [accepted, reached] of the sequences done
         self._free = any(s.backend is None for s in self.sources)  # free sources beside the models
         self.last: Record | None = None  # the latest sequence started (a run's stats read it)
         self.kept: object | None = None  # where the costs were kept (the tuning layer's; never read here)
