@@ -5,7 +5,10 @@ the target's batched pass (which scores the drafts) and its one-token passes (pl
 decoding) return different logits. In low precision they differ by round-off, and where the
 target's top two logits are closer than that difference the argmax can flip: a *near-tie flip*,
 expected and harmless. A mismatch where the gap is larger than the batched-vs-serial difference
-at that very point cannot come from round-off: it is a bug (verdict FAIL).
+at that very point cannot come from round-off: it is a bug (verdict FAIL). A target whose logits
+come rounded to a 16-bit float (a bf16 or fp16 torch model) has one more: a gap of one unit of that
+rounding at the top logit is a tie too, as the cache rows the run computed in passes of other
+widths round differently and recomputing the one pass at the parting does not replay them.
 """
 
 from __future__ import annotations
@@ -80,10 +83,25 @@ def diagnose(pair: Pair, prompt: Sequence[int], *, k: int, max_tokens: int) -> d
     serial, batched = rows_at(pair, full, P + step_start, P + i, width)
     top2 = np.sort(serial)[-2:]
     gap, delta = float(top2[1] - top2[0]), float(np.max(np.abs(batched - serial)))
-    near_tie = bool(gap <= delta)
+    unit = rounding_unit(serial)
+    near_tie = bool(gap <= max(delta, unit))
     return {"match": False, "first_difference": i, "speculative_token": spec[i] if i < len(spec) else None,
             "target_token": base[i] if i < len(base) else None, "top2_gap": gap,
-            "batched_vs_serial": delta, "near_tie": near_tie}
+            "batched_vs_serial": delta, "rounding_unit": unit, "near_tie": near_tie}
+
+
+def rounding_unit(row: np.ndarray) -> float:
+    """The spacing at the row's top value of the 16-bit float its values are rounded to (bf16:
+    8 significant bits, fp16: 11), or 0 where they are not (fp32 logits, llama.cpp's)."""
+    x = np.asarray(row, dtype=np.float32)
+    top = abs(float(np.max(x)))  # where the top two logits are
+    if not top or not np.isfinite(top):
+        return 0.0
+    if not np.any(x.view(np.uint32) & 0xFFFF):  # the low 16 bits of every value empty: bf16
+        return float(2.0 ** (np.floor(np.log2(top)) - 7))
+    if np.array_equal(x.astype(np.float16).astype(np.float32), x):
+        return float(np.spacing(np.float16(top)))
+    return 0.0
 
 
 def greedy_check(pair: Pair, ctx_ids: Sequence[Sequence[int]], *, k: int, max_tokens: int) -> dict:
@@ -97,7 +115,10 @@ def greedy_check(pair: Pair, ctx_ids: Sequence[Sequence[int]], *, k: int, max_to
 def summary(d: dict) -> str:
     """One mismatch in words."""
     where = f"part at token {d['first_difference'] + 1}"
+    unit = d.get("rounding_unit", 0.0)
     why = (f"top-2 gap {d['top2_gap']:.3g} <= batched-vs-serial difference {d['batched_vs_serial']:.3g}"
+           if d["near_tie"] and d["top2_gap"] <= d["batched_vs_serial"] else
+           f"top-2 gap {d['top2_gap']:.3g} within the logits' 16-bit rounding unit {unit:.3g}"
            if d["near_tie"] else
            f"top-2 gap {d['top2_gap']:.3g} > batched-vs-serial difference {d['batched_vs_serial']:.3g}")
     return f"{where}: {'near-tie flip' if d['near_tie'] else 'NOT a near tie'} ({why})"

@@ -179,11 +179,28 @@ def test_a_loop_bug_is_not_a_near_tie():
     res = greedy_check(_pair(RewindOneShort), [[1], [5, 6, 7], [30, 2]], k=4, max_tokens=40)
     assert res["greedy_unexplained"] >= 1
     m = next(m for m in res["greedy_mismatches"] if not m["near_tie"])
-    assert m["batched_vs_serial"] == 0.0 and m["top2_gap"] > 0
+    assert m["batched_vs_serial"] == 0.0 and m["top2_gap"] > 0 and m["rounding_unit"] == 0.0
     full = {"p_value": 0.5, "min_detectable_tv": 0.1, "positions": 10, "dof": 40, "n_categories": 41,
             "contexts": ["a", "b", "c"], "greedy_agreement": res["greedy_agreement"]} | res
     text = verdict(full)
     assert text.startswith("FAIL") and "NOT a near tie" in text
+
+
+def test_a_gap_of_one_unit_of_a_16_bit_targets_rounding_is_a_tie():
+    """Logits rounded to bf16 (their low 16 bits empty) or fp16: the spacing at the top logit, within
+    which a parting is a tie (the run's cache rows, computed in passes of other widths, round
+    otherwise than the one pass recomputed); fp32 logits: none, the recomputed pass alone judges."""
+    from specmac.lossless.greedy import rounding_unit, summary
+
+    row = (np.random.default_rng(0).normal(size=1000) * 4 + 12).astype(np.float32)
+    assert rounding_unit(row) == 0.0
+    bf16 = (row.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    assert 16 <= bf16.max() < 32 and rounding_unit(bf16) == 0.125  # 2^4 at 8 significant bits
+    fp16 = row.astype(np.float16).astype(np.float32)
+    assert rounding_unit(fp16) == float(np.spacing(np.float16(fp16.max()))) == 2.0 ** -6
+    tie = {"first_difference": 40, "top2_gap": 0.125, "batched_vs_serial": 0.0, "rounding_unit": 0.125,
+           "near_tie": True}
+    assert "within the logits' 16-bit rounding unit 0.125" in summary(tie)
 
 
 def test_compare_greedy_cell_names_near_ties_and_bugs():
