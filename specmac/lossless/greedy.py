@@ -115,10 +115,11 @@ def greedy_check(pair: Pair, ctx_ids: Sequence[Sequence[int]], *, k: int, max_to
 def summary(d: dict) -> str:
     """One mismatch in words."""
     where = f"part at token {d['first_difference'] + 1}"
-    unit = d.get("rounding_unit", 0.0)
-    why = (f"top-2 gap {d['top2_gap']:.3g} <= batched-vs-serial difference {d['batched_vs_serial']:.3g}"
-           if d["near_tie"] and d["top2_gap"] <= d["batched_vs_serial"] else
-           f"top-2 gap {d['top2_gap']:.3g} within the logits' 16-bit rounding unit {unit:.3g}"
-           if d["near_tie"] else
-           f"top-2 gap {d['top2_gap']:.3g} > batched-vs-serial difference {d['batched_vs_serial']:.3g}")
+    gap, delta = d["top2_gap"], d["batched_vs_serial"]
+    if not d["near_tie"]:
+        why = f"top-2 gap {gap:.3g} > batched-vs-serial difference {delta:.3g}"
+    elif gap <= delta:
+        why = f"top-2 gap {gap:.3g} <= batched-vs-serial difference {delta:.3g}"
+    else:
+        why = f"top-2 gap {gap:.3g} within the logits' 16-bit rounding unit {d['rounding_unit']:.3g}"
     return f"{where}: {'near-tie flip' if d['near_tie'] else 'NOT a near tie'} ({why})"

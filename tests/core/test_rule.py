@@ -203,6 +203,30 @@ def test_a_gap_of_one_unit_of_a_16_bit_targets_rounding_is_a_tie():
     assert "within the logits' 16-bit rounding unit 0.125" in summary(tie)
 
 
+def test_the_diagnosis_excuses_one_rounding_unit_of_16_bit_logits_only(monkeypatch):
+    """A real parting (a loop bug) diagnosed on rows whose top two logits are one bf16 unit apart and
+    whose recomputed pass agrees: a tie where the rows are bf16 values, a bug where the same gap
+    sits in fp32 rows (fails if ``diagnose`` judges by the batched-vs-serial difference alone, or
+    excuses the gap on every row)."""
+    from specmac.lossless import greedy
+    from tests.lossless.test_planted_bugs import RewindOneShort
+
+    def rows(top):  # 40 logits, the top two ``unit`` apart at the top value, batched == serial
+        row = (np.linspace(-8.0, 8.0, 40).astype(np.float32).view(np.uint32)
+               & np.uint32(0xFFFF0000)).view(np.float32)  # bf16 values
+        row[-2:] = [top - 0.125, top]
+        return lambda *a, **k: (row.astype(np.float64), row.astype(np.float64))
+
+    def diagnosed(top):  # a fresh pair each time: a run leaves its caches held for the next
+        monkeypatch.setattr(greedy, "rows_at", rows(top))
+        return greedy.diagnose(_pair(RewindOneShort), [5, 6, 7], k=4, max_tokens=40)  # it parts there
+
+    tie = diagnosed(20.0)  # every value a bf16 value
+    assert not tie["match"] and tie["rounding_unit"] == 0.125 and tie["near_tie"], tie
+    bug = diagnosed(20.0 + 2 ** -18)  # two fp32 values, the same gap
+    assert not bug["match"] and bug["rounding_unit"] == 0.0 and not bug["near_tie"], bug
+
+
 def test_compare_greedy_cell_names_near_ties_and_bugs():
     from specmac.compare.report import greedy_cell
 
