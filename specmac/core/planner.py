@@ -95,10 +95,15 @@ class Planner:
         return self.last
 
     def settle(self, record: Record) -> None:
-        """A sequence is done: its counts join those of the sequences before it (once)."""
-        if record.counts and not record.settled:
-            for key in {*self.seen, *record.counts}:
-                self.seen[key] = KEEP * self.seen.get(key, np.zeros(2)) + record.counts.get(key, 0.0)
+        """A sequence is done: its counts join those of the sequences before it (once). What the
+        earlier ones showed of a source fades only as a later one shows it anew: a sequence that
+        never drafted with a model says nothing of its acceptance (a batch too full for it, a text
+        the lookup copied), so traffic that leaves no room for the model does not wear what was
+        learnt of it back down to its prior, where a try alone would rarely pay to correct it."""
+        if not record.settled:
+            for key, count in record.counts.items():
+                if count[1] > 0:
+                    self.seen[key] = KEEP * self.seen.get(key, np.zeros(2)) + count
         record.settled = True
 
     # --- choosing ---------------------------------------------------------------------------------
@@ -237,12 +242,15 @@ class Planner:
         return pick
 
     def _t(self, n: np.ndarray | int) -> np.ndarray:
-        """Seconds of a pass over n tokens; past the curve, extended by its last step or, where
-        that is less (a noisy last width), by its mean step: a wide pass never looks nearly free."""
+        """Seconds of a pass over n tokens; past the curve, extended by its mean step over its wider
+        half or, where that is less, over all of it: a wide pass never looks nearly free, and one
+        step (a noisy last width, or a kernel's tile boundary a curve ends just past) is not taken
+        for the slope of every width beyond."""
         c = self.costs.curve()
         n = np.asarray(n)
         top = len(c) - 1
-        slope = max(c[top] - c[top - 1], (c[top] - c[1]) / max(top - 1, 1), 0.0)
+        mid = max(top // 2, 1)
+        slope = max((c[top] - c[mid]) / max(top - mid, 1), (c[top] - c[1]) / max(top - 1, 1), 0.0)
         return np.where(n <= top, c[np.minimum(n, top)], c[top] + slope * (n - top))
 
     def _options(self, record: Record, offers: Sequence[Offer], behind: Mapping[int, int],

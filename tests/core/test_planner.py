@@ -119,6 +119,8 @@ def test_a_new_sequence_starts_from_what_the_sequences_done_showed():
     third = planner.record(100)
     a, n = 0.8 * 0 + 2, 0.8 * 40 + 2
     assert third.priors[("f", "x")][0] == pytest.approx((a + 0.5 * 2) / (n + 2))
+    # the second never drafted with the model: what the first showed of it is kept, not faded
+    assert third.priors[("m", "model")] == second.priors[("m", "model")]
 
 
 def test_a_stream_settles_its_record_with_its_planner_when_it_closes():
@@ -514,6 +516,16 @@ def test_an_extension_stays_within_the_widths_the_costs_have_seen():
     noisy = Planner(planner.sources, Costs([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.79], {"m": 0.05}))
     wide = noisy._t(np.array([9, 20, 60]))
     assert (np.diff(wide) > 0).all() and wide[-1] > 0.79 + 0.08 * 50
+
+
+def test_a_curve_is_extended_by_its_wider_halfs_slope_not_by_its_last_step():
+    """A curve that ends just past a step of its kernel's tiles (here flat to 32 tokens, then a
+    jump at 33, as a bf16 matmul's 32-row tiles make one on a CPU) is extended beyond it by the mean
+    step of its wider half: the jump is paid once, not again at every width after it, and the
+    passes past it still cost more the wider they are."""
+    tiles = Planner([Model(), Free()], Costs([1.0] * 32 + [1.5], {"m": 0.05}))
+    t33, t40, t64 = (float(x) for x in tiles._t(np.array([33, 40, 64])))
+    assert t33 == 1.5 and 1.5 < t40 < t64 < 2.5
 
 
 def test_an_extension_is_learnt_as_its_kind_and_only_where_it_was_reached():
