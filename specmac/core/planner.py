@@ -50,10 +50,9 @@ K_DEFAULT = 4  # drafts per step unless told otherwise
 LENGTH = 128  # tokens: the scale of the prior on an answer's length (half of all answers are longer)
 HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
 BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
-KEEP = 0.8  # what the counts of the sequences done keep at each one more done (about five remembered)
-# drafts a model's own prior counts for against those of the sequences done: a rejection in a short
-# request (a greeting) moves the next one's prior a little; steady traffic outweighs it
-SETTLED_WEIGHT = 16.0
+KEEP = 0.8  # what the sequences done keep of a source's counts at each one more showing it
+SETTLED_WEIGHT = 16.0  # drafts a model's own prior counts for against the sequences done: a
+# rejection in a short request (a greeting) moves the next one's prior a little; steady traffic more
 
 Offer = tuple[int, list[int], str]  # (source index, drafts, kind): a free source's proposal
 Choice = tuple[int | None, int]  # (source index or None for a plain step, width)
@@ -95,11 +94,9 @@ class Planner:
         return self.last
 
     def settle(self, record: Record) -> None:
-        """A sequence is done: its counts join those of the sequences before it (once). What the
-        earlier ones showed of a source fades only as a later one shows it anew: a sequence that
-        never drafted with a model says nothing of its acceptance (a batch too full for it, a text
-        the lookup copied), so traffic that leaves no room for the model does not wear what was
-        learnt of it back down to its prior, where a try alone would rarely pay to correct it."""
+        """A sequence is done: its counts join those of the sequences before it (once), which fade
+        only as a later one shows a source anew: one that never drafted with a model (a batch too
+        full for it) says nothing of its acceptance, and a try alone rarely pays to correct it."""
         if not record.settled:
             for key, count in record.counts.items():
                 if count[1] > 0:
@@ -109,8 +106,7 @@ class Planner:
     # --- choosing ---------------------------------------------------------------------------------
     def choose(self, record: Record, offers: Sequence[Offer], behind: Mapping[int, int], room: int) -> Choice:
         """One sequence's next step: ``offers``, the free sources' proposals; ``behind``, per model
-        source, the tokens of the text it has not processed; ``room``, the most drafts the step may
-        verify (tokens left, context window)."""
+        source, the tokens it has not processed; ``room``, the most drafts the step may verify."""
         if not self.sources:  # plain decoding
             return (None, 0)
         if self.k is not None and len(self.sources) == 1:  # the user's K and one source: no choice
@@ -242,12 +238,9 @@ class Planner:
         return pick
 
     def _t(self, n: np.ndarray | int) -> np.ndarray:
-        """Seconds of a pass over n tokens; past the curve, extended by its mean step over its wider
-        half or, where that is less, over all of it: a wide pass never looks nearly free, and one
-        step (a noisy last width, or a kernel's tile boundary a curve ends just past) is not taken
-        for the slope of every width beyond."""
-        c = self.costs.curve()
-        n = np.asarray(n)
+        """Seconds of a pass over n tokens; past the curve, along the mean step of its wider half or,
+        if more, of all of it: never nearly free, and one jump (noise, a tile boundary) paid once."""
+        c, n = self.costs.curve(), np.asarray(n)
         top = len(c) - 1
         mid = max(top // 2, 1)
         slope = max((c[top] - c[mid]) / max(top - mid, 1), (c[top] - c[1]) / max(top - 1, 1), 0.0)
