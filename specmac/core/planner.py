@@ -22,14 +22,16 @@ forgotten a little every step, so a change of text is followed and a declined so
 once its record has faded towards its prior. Every proposal a free source made is scored against
 what the step committed, chosen or not, so a kind that is never bet on can still earn its way back.
 A sequence's prior is its sources' own, moved by what the planner's sequences done before it showed
-(``settle``): a server's requests start from the acceptance its recent requests met, not a constant.
+(``settle``): a server's requests start from the acceptance, the answers' lengths and the share of
+text free sources wrote that its recent requests met, not from constants.
 
-The prefill of a model that has not seen the text is paid back only over the tokens it can expect
-to draft for: the tokens the answer has left, at the chance it ends before ``max_tokens`` (an answer
+The prefill of a model that has not seen the text is paid back only over the tokens it can expect to
+draft for: the tokens the answer has left, at the chance it ends before ``max_tokens`` (an answer
 that has run n tokens is taken to run as far again about as often as not: lengths with the heavy
-tail S(x) = c / (c + x), c = ``length``), times the share of the text not written by free sources'
-accepted drafts. So a long prompt with a short answer is decoded without starting the model, and a
-code edit the lookup copies does not pay for a model it would rarely use.
+tail S(x) = c / (c + x), c = ``length`` until sequences are done, then the likeliest), times the
+share of the text not written by free sources' accepted drafts. So a long prompt with a short answer
+is decoded without starting the model, and a code edit the lookup copies does not pay for a model it
+would rarely use.
 
 With a fixed K the widths are the user's: a model drafts K, a free source its proposal up to K
 where its first draft is as likely accepted as not; with several sources each step still takes the
@@ -44,13 +46,12 @@ import numpy as np
 
 from specmac.core.costs import K_MAX, K_MODEL, Costs
 from specmac.core.drafters import Drafter, common_prefix
-from specmac.core.record import MODEL_PRIOR, OPTIMISM, SHARE_PRIOR, Key, Record  # noqa: F401
+from specmac.core.record import KEEP, MODEL_PRIOR, OPTIMISM, SHARE_PRIOR, Done, Key, Record  # noqa: F401
 
 K_DEFAULT = 4  # drafts per step unless told otherwise
 LENGTH = 128  # tokens: the scale of the prior on an answer's length (half of all answers are longer)
 HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
 BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
-KEEP = 0.8  # what the sequences done keep of a source's counts at each one more showing it
 SETTLED_WEIGHT = 16.0  # drafts a model's own prior counts for against the sequences done: a
 # rejection in a short request (a greeting) moves the next one's prior a little; steady traffic more
 
@@ -69,7 +70,7 @@ class Planner:
         self.sources, self.costs, self.k = list(sources), costs or Costs(), k
         self.length, self.decay = float(length), float(decay)
         self.priors = {(s.name, kind): p for s in self.sources for kind, p in s.priors.items()}
-        self.seen: dict[Key, np.ndarray] = {}  # per (source, kind): [accepted, reached] of the sequences done
+        self.done = Done()  # what the sequences done showed
         self._free = any(s.backend is None for s in self.sources)  # free sources beside the models
         self.last: Record | None = None  # the latest sequence started (a run's stats read it)
         self.kept: object | None = None  # where the costs were kept (the tuning layer's; never read here)
@@ -87,21 +88,15 @@ class Planner:
         constant, and a sequence still learns its own text within a few proposals."""
         priors = {}
         for key, (p, w, one_rate) in self.priors.items():
-            a, n = self.seen.get(key, (0.0, 0.0))
+            a, n = self.done.counts.get(key, (0.0, 0.0))
             own = SETTLED_WEIGHT if one_rate else w
             priors[key] = ((a + p * own) / (n + own), w, one_rate)
-        self.last = Record(max_tokens, self, priors)
+        self.last = Record(max_tokens, self, priors, self.done.length(self.length), self.done.share())
         return self.last
 
     def settle(self, record: Record) -> None:
-        """A sequence is done: its counts join those of the sequences before it (once), which fade
-        only as a later one shows a source anew: one that never drafted with a model (a batch too
-        full for it) says nothing of its acceptance, and a try alone rarely pays to correct it."""
-        if not record.settled:
-            for key, count in record.counts.items():
-                if count[1] > 0:
-                    self.seen[key] = KEEP * self.seen.get(key, np.zeros(2)) + count
-        record.settled = True
+        """A sequence is done: what it showed joins what those before it did (once; ``Done``)."""
+        self.done.add(record)
 
     # --- choosing ---------------------------------------------------------------------------------
     def choose(self, record: Record, offers: Sequence[Offer], behind: Mapping[int, int], room: int) -> Choice:
@@ -192,7 +187,12 @@ class Planner:
         pick = ascend([0] * len(opts))
         if len(opts) > 1:  # the second start: each sequence at its best alone
             solo = ascend([int(np.argmax(e / (self._t(1 + w) + d))) for _, w, e, d, _ in opts])
-            pick = max(pick, solo, key=rate)
+            # the third: all on one shared model at one K, the best such (each alone would pick a
+            # wider K than pays for all, and no one sequence leaving plain finds what pays together)
+            at = [{(x, int(w)): i for i, (x, w, sh) in enumerate(zip(names[j], o[1], shared[j])) if sh}
+                  for j, o in enumerate(opts)]
+            alike = [[a.get(key, 0) for a in at] for key in {key for a in at for key in a}]
+            pick = max([pick, solo, *([ascend(max(alike, key=rate))] if alike else [])], key=rate)
         out = [(o[0][i], int(o[1][i])) for o, i in zip(opts, pick)]
         for r, ask in enumerate(asks):  # nothing pays at the means: one sequence a pass tries a model
             owner = ask[0].owner
@@ -217,7 +217,7 @@ class Planner:
         widths): the try pays at the pass's rate, and what its worst case delays the pass by counts
         for every sequence waiting on it."""
         t = self.costs.curve()
-        budget = BUDGET * max(record.elapsed, record.left(self.length) * t[1]) - record.lost
+        budget = BUDGET * max(record.elapsed, record.left() * t[1]) - record.lost
         lens, got, spent, seconds = batch or ([], 0.0, 0.0, lambda ws: float(self._t(sum(ws))))
         base = seconds([*lens, 1]) + spent
         best, pick = (got + 1.0) / base, None
@@ -321,7 +321,7 @@ class Planner:
         s = record.survival((name, "model"), int(ks[-1]))
         ex = np.cumsum(s)[ks]
         passes = (ks + s[ks]) * self.costs.draft(name)
-        left = max(record.left(self.length) * record.model_share(self._free), 1.0)
+        left = max(record.left() * record.model_share(self._free), 1.0)
         return ex, s[ks], passes, ex * n_behind * self.costs.prefill(name) / left
 
     def _explain(self, record: Record, n_behind: int, ex, passes, share, ks) -> None:
@@ -329,7 +329,7 @@ class Planner:
         t = self.costs.curve()
         free = float(np.max(ex / (passes + t[ks + 1])))
         if free > 1.0 / t[1] >= float(np.max(ex / (passes + t[ks + 1] + share))):
-            left = max(record.left(self.length) * record.model_share(self._free), 1.0)
+            left = max(record.left() * record.model_share(self._free), 1.0)
             prefill = float(share[0] / ex[0] * left)
             saving = left * t[1] - left / free
             record.note = (f"model draft not started: its prefill of {n_behind} tokens \u2248 "

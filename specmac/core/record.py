@@ -1,6 +1,6 @@
 """One sequence as the planner sees it (``Record``): each source's running acceptance per kind of
-proposal and depth, counted as a survival curve, and how much of the text free sources wrote
-(``specmac.core.planner`` has the why of both)."""
+proposal and depth, counted as a survival curve, and how much of the text free sources wrote; and
+what the sequences done showed (``Done``), a new one's priors (``specmac.core.planner`` has the why)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from specmac.core.drafters import common_prefix
 OPTIMISM = 1.64  # standard deviations above the mean acceptance: the rate a try bets on
 SHARE_PRIOR = 4  # tokens each way: the prior on the share of an answer free sources will write
 MODEL_PRIOR = (0.5, 4.0, True)  # a source's prior where it names none (``Drafter.priors``)
+KEEP = 0.8  # what the sequences done keep of what they showed at each one more showing it
 
 Key = tuple[str, str]  # (source name, kind of proposal)
 
@@ -24,8 +25,11 @@ class Record:
     of proposals that reached depth j and of those accepted there; the tokens written so far and
     how many of them free sources' accepted drafts wrote."""
 
-    def __init__(self, max_tokens: int, owner: Any, priors: Mapping[Key, tuple[float, float, bool]]) -> None:
+    def __init__(self, max_tokens: int, owner: Any, priors: Mapping[Key, tuple[float, float, bool]],
+                 length: float = 128.0, share: float = 0.5) -> None:
         self.max_tokens, self.owner = max_tokens, owner  # the planner whose sources and K its steps take
+        # the scale of its answer's length (``left``); the share of it free sources leave a model
+        self.length, self.share = float(length), float(share)
         # its sources' priors per (source, kind) and what the counts keep from one step to the next
         self.priors, self.decay = priors, float(owner.decay)
         self.reached: dict[Key, np.ndarray] = {}
@@ -110,22 +114,66 @@ class Record:
         self.n_out += n_new
         self.free_written += free_accepted
 
-    def left(self, scale: float) -> float:
+    def left(self, scale: float | None = None) -> float:
         """Tokens the answer is expected to have left: E[min(L, max_tokens) - n | L > n] for
-        lengths L with P(L > x) = scale / (scale + x)."""
-        n, m = self.n_out, self.max_tokens
+        lengths L with P(L > x) = scale / (scale + x) (default its own ``length``)."""
+        n, m, scale = self.n_out, self.max_tokens, self.length if scale is None else scale
         return (scale + n) * math.log((scale + m) / (scale + n)) if n < m else 0.0
 
     def model_share(self, free: bool) -> float:
         """The share of the tokens left a model can expect to draft for: of the text so far, what
         free sources' accepted drafts did not write (with ``free`` sources beside it), else all of
-        it. A prior of ``SHARE_PRIOR`` tokens each way: how much of an answer a lookup will copy is
-        not seen in its first few tokens."""
+        it. A prior of ``SHARE_PRIOR`` tokens each way at its ``share``: how much of an answer a
+        lookup will copy is not seen in its first few tokens."""
         if not free:
             return 1.0
-        return (self.n_out - self.free_written + SHARE_PRIOR) / (self.n_out + 2 * SHARE_PRIOR)
+        prior = 2 * SHARE_PRIOR
+        return (self.n_out - self.free_written + prior * self.share) / (self.n_out + prior)
 
     def info(self) -> dict:
         first = {f"{s}:{k}": float(self.survival((s, k), 1)[1]) for s, k in sorted(self.reached)}
         return {"acceptance": first,
                 "free_written": self.free_written, "n_out": self.n_out, "note": self.note}
+
+
+class Done:
+    """What the sequences done showed, for a new one's priors: each source's acceptance per kind
+    ([accepted, reached], as ``Record.counts``), the share of their text free sources' drafts did
+    not write, and how long their answers ran. What earlier ones showed fades by ``KEEP`` only as a
+    later one shows the same anew: one that never drafted with a model says nothing of it."""
+
+    def __init__(self) -> None:
+        self.counts: dict[Key, np.ndarray] = {}
+        self.written = np.zeros(2)  # [tokens not written by free sources' drafts, tokens]
+        self.lengths: list[tuple[float, int, bool]] = []  # (weight, tokens, ran to its max_tokens)
+
+    def add(self, record: Record) -> None:
+        """A sequence done joins them (once: it is settled then)."""
+        if record.settled:
+            return
+        record.settled = True
+        for key, count in record.counts.items():
+            if count[1] > 0:
+                self.counts[key] = KEEP * self.counts.get(key, np.zeros(2)) + count
+        if record.n_out:
+            self.written = KEEP * self.written + (record.n_out - record.free_written, record.n_out)
+            self.lengths = [(w * KEEP, n, cut) for w, n, cut in self.lengths if w * KEEP > 0.01]
+            self.lengths.append((1.0, record.n_out, record.n_out >= record.max_tokens))
+
+    def share(self) -> float:
+        """A new sequence's prior share of its text a model can draft for (0.5 before any is done)."""
+        a, n = self.written
+        return float((a + SHARE_PRIOR) / (n + 2 * SHARE_PRIOR))
+
+    def length(self, prior: float) -> float:
+        """The scale c of answer lengths, P(L > x) = c / (c + x), most likely given the answers done
+        (one cut at its max_tokens says only that it ran at least that far) and two of length
+        ``prior`` (alone, they make ``prior`` the most likely): a server's answers that run to their
+        limit are expected to run on, where the prior alone expects some to end early."""
+        if not self.lengths:
+            return float(prior)
+        c = np.geomspace(1.0, 1e6, 481)
+        ll = 2.0 * (np.log(c) - 2.0 * np.log(c + prior))
+        for w, n, cut in self.lengths:
+            ll += w * (np.log(c) - (1.0 if cut else 2.0) * np.log(c + n))
+        return float(c[np.argmax(ll)])

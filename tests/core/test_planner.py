@@ -123,14 +123,39 @@ def test_a_new_sequence_starts_from_what_the_sequences_done_showed():
     assert third.priors[("m", "model")] == second.priors[("m", "model")]
 
 
+def test_a_new_sequence_expects_the_lengths_and_the_share_the_sequences_done_showed():
+    """Answers that ran to their max_tokens make the next one expect to run on (the prior alone
+    expects some to end early); answers that ended early make it expect less; the share of the text
+    free sources wrote moves the next one's share a model can draft for, from 0.5 before any."""
+    def done(n_out: int, free: int, max_tokens: int = 64) -> Planner:
+        planner = Planner([])
+        for _ in range(5):
+            r = planner.record(max_tokens)
+            r.advance(n_out, free)
+            planner.settle(r)
+            planner.settle(r)  # once
+        return planner
+
+    fresh = Planner([]).record(64)
+    assert fresh.length == LENGTH and fresh.model_share(True) == 0.5
+    fresh.advance(7, 0)
+    long, short = done(64, 4).record(64), done(8, 6).record(64)
+    assert long.model_share(True) > 0.9 and short.model_share(True) < 0.35
+    long.advance(7, 0)
+    short.advance(7, 0)
+    assert short.left() < fresh.left() < long.left() < 64 - 7
+    assert long.left() - fresh.left() > 0.35 * (64 - 7 - fresh.left())  # a good way to the limit
+    assert done(64, 4).done.lengths[0][0] == pytest.approx(0.8 ** 4)  # each done once, the earlier fading
+
+
 def test_a_stream_settles_its_record_with_its_planner_when_it_closes():
     """``Stream.close`` hands the record to its planner: a server's next request starts from it."""
     pair = Pair.load("synthetic", "lookup")
     planner = pair.planner(4)
     ids = [1, 2, 3, 4, 5, 6, 7, 8] * 4
     events = list(pair.stream(ids, max_tokens=24, params=GREEDY, k=planner))
-    assert events and planner.last.settled and planner.seen
-    assert set(planner.seen) <= set(planner.priors)
+    assert events and planner.last.settled and planner.done.counts
+    assert set(planner.done.counts) <= set(planner.priors)
 
 
 def test_the_tokens_left_are_the_heavy_tailed_expectation():
@@ -404,9 +429,11 @@ def test_a_batch_is_priced_by_the_forwards_the_target_makes():
 
 def test_a_model_drafting_for_several_sequences_is_priced_at_its_pass_for_that_many():
     """Four sequences on one model that drafts for all of them in each of its passes: where such a
-    pass was timed at what one sequence's costs, the plan drafts for all four; where the run timed
-    it at three times that, fewer of them share the model's passes; before any such pass is timed,
-    each sequence's lane costs a pass of its own (nothing saved by sharing is assumed)."""
+    pass was timed at what one sequence's costs, the plan drafts for all four, at the one K that
+    pays best for all (one draft each: two would widen the pass past its cheap 8 tokens); where the
+    run timed it at four times that (sharing saves nothing), fewer of them share the model's
+    passes; before any such pass is timed, each sequence's lane costs a pass of its own (nothing
+    saved by sharing is assumed)."""
     class Batching(Model):
         backend = type("Lanes", (), {"can_batch": True})()
 
@@ -421,8 +448,8 @@ def test_a_model_drafting_for_several_sequences_is_priced_at_its_pass_for_that_m
                 r.learn(("m", "model"), [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9])
         return planner.plan([(r, [], {0: 1}, 16) for r in records])
 
-    cheap, dear, untimed = plan(0.12), plan(0.36), plan(None)
-    assert all(src == 0 and w >= 2 for src, w in cheap)
+    cheap, dear, untimed = plan(0.12), plan(0.48), plan(None)
+    assert cheap == [(0, 1)] * 4
     assert sum(src == 0 for src, _ in dear) <= 2
     assert sum(src == 0 for src, _ in untimed) <= 2
 
