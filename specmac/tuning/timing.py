@@ -88,13 +88,15 @@ def time_single(backend: BaseBackend, *, context: int = 64, repeats: int = 10,
     return summary(samples)
 
 
-def time_shared_drafting(lanes: Sequence, costs, *, context: int = 64, repeats: int = 3) -> None:
+def time_shared_drafting(lanes: Sequence, costs, *, context: int = 64, repeats: int = 8) -> None:
     """Each draft model among ``lanes``' sources (``Pair.lanes``) whose backend scores several
     lanes in one pass: its one-token pass drafting for two lanes and for all of them at once, after
     ``context`` tokens each, timed and told to ``costs`` (``Costs.observe_draft`` with the lanes);
     every draft lane left empty. Before any such pass is timed the planner prices drafting for
     several streams as a pass per stream, so where sharing is cheap it would decline the model for
-    a batch and never time the pass that shows it; a server times it once at its start."""
+    a batch and never time the pass that shows it; a server times it once at its start. Told as
+    the ``repeats`` passes it timed (each at their median), not as one: a few passes slowed later
+    (a neighbour's burst) must not outweigh them, for a price read too dear is never timed again."""
     if len(lanes) < 2:
         return
     for source in lanes[0].sources:
@@ -114,6 +116,6 @@ def time_shared_drafting(lanes: Sequence, costs, *, context: int = 64, repeats: 
                     b.rewind(context)
                 if i:
                     samples.append(dt)
-            costs.observe_draft(source.name, 1, float(np.median(samples)), lanes=m)
+            costs.observe_draft(source.name, repeats, repeats * float(np.median(samples)), lanes=m)
         for b in backs:
             b.reset()

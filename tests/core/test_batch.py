@@ -170,11 +170,16 @@ def test_a_server_times_drafting_for_its_lanes_before_any_request():
     lanes = pair.lanes(4)
     costs = Costs([0.01, 0.011], {"synthetic": 0.002})
     assert costs.draft("synthetic", 3) == pytest.approx(0.006)  # untimed: a pass per lane
-    time_shared_drafting(lanes, costs, context=8, repeats=2)
+    time_shared_drafting(lanes, costs, context=8)  # eight passes timed at each number of lanes
     assert sorted(costs.draft_wide["synthetic"]) == [2, 4]
     assert 0.004 <= costs.draft("synthetic", 2) < 0.006 and 0.008 <= costs.draft("synthetic", 4) < 0.011
     assert all(lane.sources[0].backend.n_past == 0 for lane in lanes)
     assert costs.draft("synthetic") == pytest.approx(0.002)  # one stream's price untouched
+    # told as the passes it timed: two passes of four lanes slowed to three times their cost later
+    # move the price to 1.4 times (eight at rest against two), not to twice it as one would
+    at_rest = costs.draft("synthetic", 4)
+    costs.observe_draft("synthetic", 2, 2 * 3 * at_rest, lanes=4)
+    assert costs.draft("synthetic", 4) < 1.8 * at_rest
 
 
 def test_the_check_catches_drafts_handed_to_the_wrong_stream():
