@@ -96,7 +96,7 @@ class Planner:
 
     def settle(self, record: Record) -> None:
         """A sequence is done: what it showed joins what those before it did (once; ``Done``)."""
-        self.done.add(record)
+        self.done.add(record, self.priors)
 
     # --- choosing ---------------------------------------------------------------------------------
     def choose(self, record: Record, offers: Sequence[Offer], behind: Mapping[int, int], room: int) -> Choice:

@@ -139,21 +139,25 @@ class Record:
 class Done:
     """What the sequences done showed, for a new one's priors: each source's acceptance per kind
     ([accepted, reached], as ``Record.counts``), the share of their text free sources' drafts did
-    not write, and how long their answers ran. What earlier ones showed fades by ``KEEP`` only as a
-    later one shows the same anew: one that never drafted with a model says nothing of it."""
+    not write, and how long their answers ran. What earlier ones showed fades by ``KEEP`` as a later
+    one shows the same anew; one that never drafted with a model says nothing of it (``add``)."""
 
     def __init__(self) -> None:
         self.counts: dict[Key, np.ndarray] = {}
         self.written = np.zeros(2)  # [tokens not written by free sources' drafts, tokens]
         self.lengths: list[tuple[float, int, bool]] = []  # (weight, tokens, ran to its max_tokens)
 
-    def add(self, record: Record) -> None:
-        """A sequence done joins them (once: it is settled then)."""
+    def add(self, record: Record, priors: Mapping[Key, tuple[float, float, bool]]) -> None:
+        """A sequence done joins them (once: it is settled then). A source it did not try keeps
+        what was shown of it where that beats its own prior (``priors``), and fades towards the
+        prior where it falls short: a model a few unlucky drafts priced out is tried again."""
         if record.settled:
             return
         record.settled = True
-        for key, count in record.counts.items():
-            if count[1] > 0:
+        for key in {*self.counts, *record.counts}:
+            count = record.counts.get(key, np.zeros(2))
+            a, n = self.counts.get(key, np.zeros(2))
+            if count[1] > 0 or (n > 0 and a / n < priors.get(key, MODEL_PRIOR)[0]):
                 self.counts[key] = KEEP * self.counts.get(key, np.zeros(2)) + count
         if record.n_out:
             self.written = KEEP * self.written + (record.n_out - record.free_written, record.n_out)

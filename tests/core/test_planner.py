@@ -119,8 +119,13 @@ def test_a_new_sequence_starts_from_what_the_sequences_done_showed():
     third = planner.record(100)
     a, n = 0.8 * 0 + 2, 0.8 * 40 + 2
     assert third.priors[("f", "x")][0] == pytest.approx((a + 0.5 * 2) / (n + 2))
-    # the second never drafted with the model: what the first showed of it is kept, not faded
+    # the second never drafted with the model: what the first showed of it (3 of 4, above its prior)
+    # is kept, not faded; shown below its prior, it fades towards it, so the model is tried again
     assert third.priors[("m", "model")] == second.priors[("m", "model")]
+    planner.done.counts[("m", "model")] = np.array([0.0, 8.0])
+    low = planner.record(100).priors[("m", "model")][0]
+    planner.settle(planner.record(100))
+    assert low < planner.record(100).priors[("m", "model")][0] < 0.6
 
 
 def test_a_new_sequence_expects_the_lengths_and_the_share_the_sequences_done_showed():
