@@ -46,10 +46,9 @@ import numpy as np
 
 from specmac.core.costs import K_MAX, K_MODEL, Costs
 from specmac.core.drafters import Drafter, common_prefix
-from specmac.core.record import KEEP, MODEL_PRIOR, OPTIMISM, SHARE_PRIOR, Done, Key, Record  # noqa: F401
+from specmac.core.record import LENGTH, MODEL_PRIOR, OPTIMISM, SHARE_PRIOR, Done, Key, Record  # noqa: F401
 
 K_DEFAULT = 4  # drafts per step unless told otherwise
-LENGTH = 128  # tokens: the scale of the prior on an answer's length (half of all answers are longer)
 HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
 BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
 SETTLED_WEIGHT = 16.0  # drafts a model's own prior counts for against the sequences done: a

@@ -15,6 +15,7 @@ from specmac.core.drafters import common_prefix
 OPTIMISM = 1.64  # standard deviations above the mean acceptance: the rate a try bets on
 SHARE_PRIOR = 4  # tokens each way: the prior on the share of an answer free sources will write
 MODEL_PRIOR = (0.5, 4.0, True)  # a source's prior where it names none (``Drafter.priors``)
+LENGTH = 128  # tokens: the scale of the prior on an answer's length (half of all answers are longer)
 KEEP = 0.8  # what the sequences done keep of what they showed at each one more showing it
 
 Key = tuple[str, str]  # (source name, kind of proposal)
@@ -26,7 +27,7 @@ class Record:
     how many of them free sources' accepted drafts wrote."""
 
     def __init__(self, max_tokens: int, owner: Any, priors: Mapping[Key, tuple[float, float, bool]],
-                 length: float = 128.0, share: float = 0.5) -> None:
+                 length: float = LENGTH, share: float = 0.5) -> None:
         self.max_tokens, self.owner = max_tokens, owner  # the planner whose sources and K its steps take
         # the scale of its answer's length (``left``); the share of it free sources leave a model
         self.length, self.share = float(length), float(share)
@@ -155,10 +156,9 @@ class Done:
             return
         record.settled = True
         for key in {*self.counts, *record.counts}:
-            count = record.counts.get(key, np.zeros(2))
-            a, n = self.counts.get(key, np.zeros(2))
+            count, (a, n) = record.counts.get(key, np.zeros(2)), self.counts.get(key, np.zeros(2))
             if count[1] > 0 or (n > 0 and a / n < priors.get(key, MODEL_PRIOR)[0]):
-                self.counts[key] = KEEP * self.counts.get(key, np.zeros(2)) + count
+                self.counts[key] = KEEP * np.array([a, n]) + count
         if record.n_out:
             self.written = KEEP * self.written + (record.n_out - record.free_written, record.n_out)
             self.lengths = [(w * KEEP, n, cut) for w, n, cut in self.lengths if w * KEEP > 0.01]
