@@ -222,7 +222,7 @@ class Pair:
                 return k
             # the prediction is one more source, weighed on the same costs
             planner = Planner([prediction, *k.sources], k.costs, k.k, k.length, k.decay)
-            planner.kept, planner.done = k.kept, k.done  # the costs and the sequences done: shared
+            planner.kept, planner.done, planner.ledger = k.kept, k.done, k.ledger  # shared with it
             return planner
         return self.planner(k, [prediction, *self.sources] if prediction is not None else None)
 

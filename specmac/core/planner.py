@@ -21,6 +21,8 @@ is accepted for a while and then left, so one proposal's drafts are not independ
 forgotten a little every step, so a change of text is followed and a declined source is tried again
 once its record has faded towards its prior. Every proposal a free source made is scored against
 what the step committed, chosen or not, so a kind that is never bet on can still earn its way back.
+Where nothing pays at the means, a model is tried at an optimistic acceptance within a small
+budget of the time decoded (``specmac.core.tries``): by one sequence, or by a whole batch at once.
 A sequence's prior is its sources' own, moved by what the planner's sequences done before it showed
 (``settle``): a server's requests start from the acceptance, the answers' lengths and the share of
 text free sources wrote that its recent requests met, not from constants.
@@ -47,10 +49,10 @@ import numpy as np
 from specmac.core.costs import K_MAX, K_MODEL, Costs
 from specmac.core.drafters import Drafter, common_prefix
 from specmac.core.record import LENGTH, MODEL_PRIOR, OPTIMISM, SHARE_PRIOR, Done, Key, Record  # noqa: F401
+from specmac.core.tries import Ledger, try_alone
 
 K_DEFAULT = 4  # drafts per step unless told otherwise
 HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
-BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
 SETTLED_WEIGHT = 16.0  # drafts a model's own prior counts for against the sequences done: a
 # rejection in a short request (a greeting) moves the next one's prior a little; steady traffic more
 
@@ -70,6 +72,7 @@ class Planner:
         self.length, self.decay = float(length), float(decay)
         self.priors = {(s.name, kind): p for s in self.sources for kind, p in s.priors.items()}
         self.done = Done()  # what the sequences done showed
+        self.ledger = Ledger()  # the seconds its passes ran and its model steps lost: a batch's tries
         self._free = any(s.backend is None for s in self.sources)  # free sources beside the models
         self.last: Record | None = None  # the latest sequence started (a run's stats read it)
         self.kept: object | None = None  # where the costs were kept (the tuning layer's; never read here)
@@ -191,7 +194,11 @@ class Planner:
             at = [{(x, int(w)): i for i, (x, w, sh) in enumerate(zip(names[j], o[1], shared[j])) if sh}
                   for j, o in enumerate(opts)]
             alike = [[a.get(key, 0) for a in at] for key in {key for a in at for key in a}]
-            pick = max([pick, solo, *([ascend(max(alike, key=rate))] if alike else [])], key=rate)
+            pick = max([pick, solo, *([ascend(list(max(alike, key=rate)))] if alike else [])], key=rate)
+            if self.k is None and all(opts[j][0][i] is None or self.sources[opts[j][0][i]].backend is None
+                                      for j, i in enumerate(pick)):
+                alike = [a for a in alike if all(a)]  # every sequence on the model
+                pick = self._together(asks, opts, names, alike, pick, rate, seconds, paid)
         out = [(o[0][i], int(o[1][i])) for o, i in zip(opts, pick)]
         for r, ask in enumerate(asks):  # nothing pays at the means: one sequence a pass tries a model
             owner = ask[0].owner
@@ -199,42 +206,32 @@ class Planner:
                 continue
             # the others as picked: their widths, tokens and drafting seconds
             batch = (*rest(pick, r), paid(pick, r)[0], seconds) if len(asks) > 1 else None
-            if (tried := owner._try(*ask, batch=batch)) is not None:
+            if (tried := try_alone(owner, *ask, batch=batch)) is not None:
                 out[r] = tried
                 break
         return out
 
-    def _try(self, record: Record, offers, behind: Mapping[int, int], room: int,
-             batch: tuple | None = None) -> Choice | None:
-        """Where no option pays at the means: the model step that pays best at an optimistic
-        acceptance (``Record.hopeful``), priced as any model step is, tried where its worst case
-        (every draft rejected) fits the run's budget: ``BUDGET`` of the time decoded (or, if more,
-        of plain decoding over the tokens left), less what model steps lost so far (gains count
-        back). So trying never costs more than a few percent of a run, and a draft that cannot pay
-        even always accepted is never tried. ``batch``: the other sequences of the pass as planned
-        (their widths, expected tokens, drafting seconds, and the pass's seconds for a list of
-        widths): the try pays at the pass's rate, and what its worst case delays the pass by counts
-        for every sequence waiting on it."""
-        t = self.costs.curve()
-        budget = BUDGET * max(record.elapsed, record.left() * t[1]) - record.lost
-        lens, got, spent, seconds = batch or ([], 0.0, 0.0, lambda ws: float(self._t(sum(ws))))
-        base = seconds([*lens, 1]) + spent
-        best, pick = (got + 1.0) / base, None
-        for i, n_behind in behind.items():
-            ks = self._model_widths(record, i, n_behind, room)
-            if ks is None:
-                continue
-            ex, _, passes, share = self._model_step(record, i, n_behind, ks)
-            hope = np.cumsum(record.hopeful((self.sources[i].name, "model"), int(ks[-1])))[ks]
-            width = (self._t(ks + 1) if batch is None  # alone: one forward over its width
-                     else np.array([seconds([*lens, 1 + int(k)]) for k in ks]) + spent)
-            rate = (got + hope) / (passes + width + hope * (share / ex))  # a hopeful step, its prefill share
-            prefill = n_behind * self.costs.prefill(self.sources[i].name) if n_behind > 2 else 0.0
-            ok = (rate > best) & ((passes + width - base + prefill) * (len(lens) + 1) <= budget)
-            if ok.any():
-                j = int(np.argmax(np.where(ok, rate, -1.0)))
-                best, pick = float(rate[j]), (i, int(ks[j]))
-        return pick
+    def _together(self, asks, opts, names, alike: list[list[int]], pick: list[int], rate, seconds,
+                  paid) -> list[int]:
+        """Where no sequence of a batch drafts with a model: all of them on one shared model at one
+        K (``alike``), the best at an optimistic acceptance, where it beats ``pick`` so and its
+        worst case (every draft rejected, every prefill read) fits the ledger's budget over the
+        plain passes the longest answer has left (``specmac.core.tries``)."""
+        lens = [1 + int(opts[j][1][i]) for j, i in enumerate(pick)]
+        base = seconds(lens) + paid(pick)[0]
+        budget = self.ledger.budget(max(a[0].left() for a in asks) * seconds([1] * len(asks)))
+        best, out = rate(pick), pick
+        for a in alike:
+            keys = [(names[j][i], int(opts[j][1][i])) for j, i in enumerate(a)]
+            spent = seconds([1 + k for _, k in keys]) + paid(a)[0]
+            hope = sum(float(np.cumsum(ask[0].hopeful((x, "model"), k))[k])
+                       for ask, (x, k) in zip(asks, keys))
+            read = sum(n * self.costs.prefill(x) for ask, (x, _), j, i in zip(asks, keys, range(len(a)), a)
+                       if (n := ask[2][opts[j][0][i]]) > 2)
+            worst = spent - sum(float(opts[j][4][i]) for j, i in enumerate(a)) + read - base
+            if hope / spent > best and worst <= budget:
+                best, out = hope / spent, a
+        return out
 
     def _t(self, n: np.ndarray | int) -> np.ndarray:
         """Seconds of a pass over n tokens; past the curve, along the mean step of its wider half or,
@@ -389,7 +386,10 @@ class Planner:
             # in a pass of n sequences: the seconds it delayed the pass (a plain one: T(n)) less
             # its tokens beyond one, at the pass's price per token (alone: t - len(committed) T(1))
             plain = float(self._t(n_batch))
-            record.lost += t_draft + t_step - plain - (len(committed) - 1) * plain / n_batch
+            lost = t_draft + t_step - plain - (len(committed) - 1) * plain / n_batch
+            record.lost += lost
+            self.ledger.add(0.0, lost, n_batch)
+        self.ledger.add(t_draft + t_step, 0.0, n_batch)
         record.advance(len(committed), accepted if free else 0)
 
     def info(self) -> dict:

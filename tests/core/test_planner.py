@@ -472,6 +472,26 @@ def test_a_try_in_a_batch_pays_at_the_passs_rate():
     assert planner.plan([(records[0], [], {0: 1}, 16)]) == [(None, 0)]
 
 
+def test_a_batch_tries_a_shared_model_together_within_its_planners_budget():
+    """Four sequences whose model pays only at a higher acceptance than its prior, and only shared
+    by all four (alone, one sequence's drafts would delay the pass for three others): the plan tries
+    all four on it at once at an optimistic acceptance, where the worst case fits the budget of the
+    planner's passes; with that budget spent, all four take plain steps."""
+    class Batching(Model):
+        backend = type("Lanes", (), {"can_batch": True})()
+
+    def plan(lost: float) -> list:
+        costs = Costs([1.0] * 8 + [1.0 + 0.1 * n for n in range(1, 26)], {"m": 0.3}, {"m": 0.0})
+        costs.observe_draft("m", 50, 50 * 0.3, lanes=4)  # sharing is free: a pass for four costs one's
+        planner = Planner([Batching((0.3, 4.0, True))], costs)
+        planner.ledger.lost = lost
+        records = [planner.record(1000) for _ in range(4)]
+        return planner.plan([(r, [], {0: 1}, 16) for r in records])
+
+    assert plan(0.0) == [(0, 1)] * 4
+    assert plan(1e9) == [(None, 0)] * 4
+
+
 def test_each_sequence_reads_its_own_text_on_a_model_it_shares():
     """A shared model pass drafts for several sequences at once, but the text each one's lane has
     not seen is read for that lane alone: four sequences starting the model together pay four

@@ -1,0 +1,69 @@
+"""Tries: where no option pays at the means, a model step bet at an optimistic acceptance
+(``Record.hopeful``), within a budget of the time decoded, so a model whose prior undersells it
+is still found, and trying never costs more than a few percent of a run.
+
+A sequence alone tries from its own budget (``try_alone``): ``BUDGET`` of the time it decoded (or,
+if more, of plain decoding over its tokens left), less what its model steps lost so far. A batch
+whose model pays only shared by all of it (each sequence's lane alone would delay the pass for
+three others) tries all of them on it at once (``Planner.plan``), from the budget of every pass
+its planner ran (``Ledger``: a server's, over all its requests, since what the try shows joins
+the priors of the requests after it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher acceptance may lose
+
+
+class Ledger:
+    """The seconds a planner's passes ran and what its model steps lost against plain ones (gains
+    count back), over all its sequences: each sequence's share of a pass is the pass's over the
+    sequences in it."""
+
+    def __init__(self) -> None:
+        self.ran = self.lost = 0.0
+
+    def add(self, seconds: float, lost: float, n_batch: int) -> None:
+        self.ran += seconds / max(n_batch, 1)
+        self.lost += lost / max(n_batch, 1)
+
+    def budget(self, horizon: float) -> float:
+        """Seconds a try may still lose: ``BUDGET`` of the time run (or, if more, ``horizon``, the
+        plain passes the tokens left will take), less what was lost."""
+        return BUDGET * max(self.ran, horizon) - self.lost
+
+
+def try_alone(planner, record, offers, behind: Mapping[int, int], room: int, batch: tuple | None = None):
+    """Where no option pays at the means: the model step that pays best at an optimistic
+    acceptance, priced as any model step is, tried where its worst case (every draft rejected)
+    fits the run's budget: ``BUDGET`` of the time decoded (or, if more, of plain decoding over the
+    tokens left), less what model steps lost so far. A draft that cannot pay even always accepted
+    is never tried. ``batch``: the other sequences of the pass as planned (their widths, expected
+    tokens, drafting seconds, and the pass's seconds for a list of widths): the try pays at the
+    pass's rate, and what its worst case delays the pass by counts for every sequence waiting on
+    it. -> (source, K) or None."""
+    t = planner.costs.curve()
+    budget = BUDGET * max(record.elapsed, record.left() * t[1]) - record.lost
+    lens, got, spent, seconds = batch or ([], 0.0, 0.0, lambda ws: float(planner._t(sum(ws))))
+    base = seconds([*lens, 1]) + spent
+    best, pick = (got + 1.0) / base, None
+    for i, n_behind in behind.items():
+        ks = planner._model_widths(record, i, n_behind, room)
+        if ks is None:
+            continue
+        ex, _, passes, share = planner._model_step(record, i, n_behind, ks)
+        name = planner.sources[i].name
+        hope = np.cumsum(record.hopeful((name, "model"), int(ks[-1])))[ks]
+        width = (planner._t(ks + 1) if batch is None  # alone: one forward over its width
+                 else np.array([seconds([*lens, 1 + int(k)]) for k in ks]) + spent)
+        rate = (got + hope) / (passes + width + hope * (share / ex))  # a hopeful step, its prefill share
+        prefill = n_behind * planner.costs.prefill(name) if n_behind > 2 else 0.0
+        ok = (rate > best) & ((passes + width - base + prefill) * (len(lens) + 1) <= budget)
+        if ok.any():
+            j = int(np.argmax(np.where(ok, rate, -1.0)))
+            best, pick = float(rate[j]), (i, int(ks[j]))
+    return pick
