@@ -386,10 +386,9 @@ class Planner:
             # in a pass of n sequences: the seconds it delayed the pass (a plain one: T(n)) less
             # its tokens beyond one, at the pass's price per token (alone: t - len(committed) T(1))
             plain = float(self._t(n_batch))
-            lost = t_draft + t_step - plain - (len(committed) - 1) * plain / n_batch
-            record.lost += lost
-            self.ledger.add(0.0, lost, n_batch)
-        self.ledger.add(t_draft + t_step, 0.0, n_batch)
+            record.lost += t_draft + t_step - plain - (len(committed) - 1) * plain / n_batch
+        if self.k is None:
+            self.ledger.add(t_draft + t_step, len(committed), float(self._t(n_batch)), n_batch)
         record.advance(len(committed), accepted if free else 0)
 
     def info(self) -> dict:

@@ -20,16 +20,20 @@ BUDGET = 0.03  # of a run's time: what trying a model that pays only at a higher
 
 
 class Ledger:
-    """The seconds a planner's passes ran and what its model steps lost against plain ones (gains
-    count back), over all its sequences: each sequence's share of a pass is the pass's over the
-    sequences in it."""
+    """The seconds a planner's passes ran, and what they lost against plain passes (gains count
+    back), over all its sequences."""
 
     def __init__(self) -> None:
         self.ran = self.lost = 0.0
 
-    def add(self, seconds: float, lost: float, n_batch: int) -> None:
-        self.ran += seconds / max(n_batch, 1)
-        self.lost += lost / max(n_batch, 1)
+    def add(self, seconds: float, tokens: int, plain: float, n_batch: int) -> None:
+        """One sequence's step in a pass of ``n_batch`` that took ``seconds`` (its drafting
+        included) and wrote it ``tokens``, where a plain pass of them all takes ``plain``: its share
+        of the pass, and of what the pass lost, (seconds - tokens * plain) / n_batch (summed over
+        the pass's sequences: its seconds less its tokens at a plain pass's price per token)."""
+        n = max(n_batch, 1)
+        self.ran += seconds / n
+        self.lost += (seconds - tokens * plain) / n
 
     def budget(self, horizon: float) -> float:
         """Seconds a try may still lose: ``BUDGET`` of the time run (or, if more, ``horizon``, the
