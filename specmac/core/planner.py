@@ -195,8 +195,8 @@ class Planner:
                   for j, o in enumerate(opts)]
             alike = [[a.get(key, 0) for a in at] for key in {key for a in at for key in a}]
             pick = max([pick, solo, *([ascend(list(max(alike, key=rate)))] if alike else [])], key=rate)
-            if self.k is None and all(opts[j][0][i] is None or self.sources[opts[j][0][i]].backend is None
-                                      for j, i in enumerate(pick)):
+            if self.k is None and all(o[0][i] is None or p.sources[o[0][i]].backend is None
+                                      for o, p, i in zip(opts, owners, pick)):
                 alike = [a for a in alike if all(a)]  # every sequence on the model
                 pick = self._together(asks, opts, names, alike, pick, rate, seconds, paid)
         out = [(o[0][i], int(o[1][i])) for o, i in zip(opts, pick)]
