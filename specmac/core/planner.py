@@ -387,8 +387,9 @@ class Planner:
             # its tokens beyond one, at the pass's price per token (alone: t - len(committed) T(1))
             plain = float(self._t(n_batch))
             record.lost += t_draft + t_step - plain - (len(committed) - 1) * plain / n_batch
-        if self.k is None:
-            self.ledger.add(t_draft + t_step, len(committed), float(self._t(n_batch)), n_batch)
+        if self.k is None:  # a model's step: what it lost too
+            tokens = len(committed) if src is not None and not free else None
+            self.ledger.add(t_draft + t_step, n_batch, tokens, float(self._t(n_batch)))
         record.advance(len(committed), accepted if free else 0)
 
     def info(self) -> dict:

@@ -26,14 +26,17 @@ class Ledger:
     def __init__(self) -> None:
         self.ran = self.lost = 0.0
 
-    def add(self, seconds: float, tokens: int, plain: float, n_batch: int) -> None:
+    def add(self, seconds: float, n_batch: int, tokens: int | None = None, plain: float = 0.0) -> None:
         """One sequence's step in a pass of ``n_batch`` that took ``seconds`` (its drafting
-        included) and wrote it ``tokens``, where a plain pass of them all takes ``plain``: its share
-        of the pass, and of what the pass lost, (seconds - tokens * plain) / n_batch (summed over
-        the pass's sequences: its seconds less its tokens at a plain pass's price per token)."""
+        included): its share of the pass; a model's step (``tokens`` written, where a plain pass
+        of them all takes ``plain``) its share of what the pass lost too, (seconds - tokens *
+        plain) / n_batch (summed over a pass of model steps: its seconds less its tokens at a plain
+        pass's price per token). Plain steps and free sources' bets lose nothing here: a slow pass
+        of them (a prompt read in a step's pass, a neighbour's burst) is no try's cost."""
         n = max(n_batch, 1)
         self.ran += seconds / n
-        self.lost += (seconds - tokens * plain) / n
+        if tokens is not None:
+            self.lost += (seconds - tokens * plain) / n
 
     def budget(self, horizon: float) -> float:
         """Seconds a try may still lose: ``BUDGET`` of the time run (or, if more, ``horizon``, the

@@ -495,8 +495,8 @@ def test_a_batch_tries_a_shared_model_together_within_its_planners_budget():
 def test_the_ledger_counts_a_batchs_pass_against_plain_passes_of_the_same_tokens():
     """Four sequences on a shared model, each writing three tokens in a pass of 0.6 s (drafting
     included) where a plain pass of the four takes 0.24 s: the pass gained what twelve tokens at
-    0.06 s each take beyond it (0.12 s), counted once; a pass of plain steps at the plain price
-    loses nothing."""
+    0.06 s each take beyond it (0.12 s), counted once; a pass of plain steps, even a slow one,
+    is no model's loss."""
     planner = Planner([Model()], Costs([0.2, 0.22, 0.23, 0.24] + [0.3] * 4, {"m": 0.1}, {"m": 0.0}))
     records = [planner.record(100) for _ in range(4)]
     for r in records:
@@ -504,8 +504,9 @@ def test_the_ledger_counts_a_batchs_pass_against_plain_passes_of_the_same_tokens
     assert planner.ledger.lost == pytest.approx(-0.12)
     assert planner.ledger.ran == pytest.approx(0.6)
     for r in records:
-        planner.observe(r, [], (None, 0), [], [4], 0, 0.0, 0.24, timed=False, n_batch=4)
+        planner.observe(r, [], (None, 0), [], [4], 0, 0.0, 0.4, timed=False, n_batch=4)
     assert planner.ledger.lost == pytest.approx(-0.12)
+    assert planner.ledger.ran == pytest.approx(1.0)
 
 
 def test_each_sequence_reads_its_own_text_on_a_model_it_shares():
