@@ -49,7 +49,7 @@ import numpy as np
 from specmac.core.costs import K_MAX, K_MODEL, Costs
 from specmac.core.drafters import Drafter, common_prefix
 from specmac.core.record import LENGTH, MODEL_PRIOR, OPTIMISM, SHARE_PRIOR, Done, Key, Record  # noqa: F401
-from specmac.core.tries import Ledger, try_alone
+from specmac.core.tries import Ledger, reading, try_alone
 
 K_DEFAULT = 4  # drafts per step unless told otherwise
 HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
@@ -226,8 +226,8 @@ class Planner:
             spent = seconds([1 + k for _, k in keys]) + paid(a)[0]
             hope = sum(float(np.cumsum(ask[0].hopeful((x, "model"), k))[k])
                        for ask, (x, k) in zip(asks, keys))
-            read = sum(n * self.costs.prefill(x) for ask, (x, _), j, i in zip(asks, keys, range(len(a)), a)
-                       if (n := ask[2][opts[j][0][i]]) > 2)
+            read = sum(reading(self.costs, x, ask[2][opts[j][0][i]])
+                       for ask, (x, _), j, i in zip(asks, keys, range(len(a)), a))
             worst = spent - sum(float(opts[j][4][i]) for j, i in enumerate(a)) + read - base
             if hope / spent > best and worst <= budget:
                 best, out = hope / spent, a
@@ -382,14 +382,12 @@ class Planner:
             if behind <= 2 and not shared:  # else the draft time holds a prefill, or others' drafts
                 self.costs.observe_draft(name, k + (behind == 2), t_draft)
         record.elapsed += t_draft + t_step
-        if src is not None and not free and self.k is None:  # what model steps lost against plain ones
-            # in a pass of n sequences: the seconds it delayed the pass (a plain one: T(n)) less
-            # its tokens beyond one, at the pass's price per token (alone: t - len(committed) T(1))
-            plain = float(self._t(n_batch))
-            record.lost += t_draft + t_step - plain - (len(committed) - 1) * plain / n_batch
-        if self.k is None:  # a model's step: what it lost too
-            tokens = len(committed) if src is not None and not free else None
-            self.ledger.add(t_draft + t_step, n_batch, tokens, float(self._t(n_batch)))
+        if self.k is None:  # what model steps lost against plain ones: the sequence's, the planner's
+            plain, model = float(self._t(n_batch)), src is not None and not free
+            if model:  # in a pass of n sequences: the seconds it delayed the pass (a plain one: T(n))
+                # less its tokens beyond one, at the pass's price per token (alone: t - len(committed) T(1))
+                record.lost += t_draft + t_step - plain - (len(committed) - 1) * plain / n_batch
+            self.ledger.add(t_draft + t_step, n_batch, len(committed) if model else None, plain)
         record.advance(len(committed), accepted if free else 0)
 
     def info(self) -> dict:

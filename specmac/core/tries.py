@@ -4,8 +4,8 @@ is still found, and trying never costs more than a few percent of a run.
 
 A sequence alone tries from its own budget (``try_alone``): ``BUDGET`` of the time it decoded (or,
 if more, of plain decoding over its tokens left), less what its model steps lost so far. A batch
-whose model pays only shared by all of it (each sequence's lane alone would delay the pass for
-three others) tries all of them on it at once (``Planner.plan``), from the budget of every pass
+whose model pays only shared by all of it (one sequence's lane alone would delay the pass for
+all the others) tries all of them on it at once (``Planner.plan``), from the budget of every pass
 its planner ran (``Ledger``: a server's, over all its requests, since what the try shows joins
 the priors of the requests after it).
 """
@@ -44,6 +44,12 @@ class Ledger:
         return BUDGET * max(self.ran, horizon) - self.lost
 
 
+def reading(costs, name: str, n_behind: int) -> float:
+    """Seconds the draft model ``name`` takes to read the ``n_behind`` tokens it has not seen: a
+    try's worst case pays it whole (a catch-up of one or two tokens is its drafting's, not this)."""
+    return n_behind * costs.prefill(name) if n_behind > 2 else 0.0
+
+
 def try_alone(planner, record, offers, behind: Mapping[int, int], room: int, batch: tuple | None = None):
     """Where no option pays at the means: the model step that pays best at an optimistic
     acceptance, priced as any model step is, tried where its worst case (every draft rejected)
@@ -68,7 +74,7 @@ def try_alone(planner, record, offers, behind: Mapping[int, int], room: int, bat
         width = (planner._t(ks + 1) if batch is None  # alone: one forward over its width
                  else np.array([seconds([*lens, 1 + int(k)]) for k in ks]) + spent)
         rate = (got + hope) / (passes + width + hope * (share / ex))  # a hopeful step, its prefill share
-        prefill = n_behind * planner.costs.prefill(name) if n_behind > 2 else 0.0
+        prefill = reading(planner.costs, name, n_behind)
         ok = (rate > best) & ((passes + width - base + prefill) * (len(lens) + 1) <= budget)
         if ok.any():
             j = int(np.argmax(np.where(ok, rate, -1.0)))
