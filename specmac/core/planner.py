@@ -151,8 +151,10 @@ class Planner:
 
         tt = self._t(np.arange(len(opts) * (2 + max(int(o[1].max()) for o in opts)) + 1))
 
+        one = forwards([1, 2]) == [3]  # one forward over unequal widths: a pass costs its sum's
+
         def seconds(lens: list[int]) -> float:
-            return float(sum(tt[n] for n in forwards(lens)))
+            return float(tt[sum(lens)]) if one else float(sum(tt[n] for n in forwards(lens)))
 
         def rest(pick: list[int], r: int) -> tuple[list[int], float]:
             """The other sequences' widths in the pass (drafts and the last token) and tokens expected."""
@@ -170,7 +172,9 @@ class Planner:
                     grown = (np.array([scale[x][count.get(x, 0) + 1] for x in names[r]])
                              * np.maximum(d - pre, top) + pre)
                     cost = base + np.where(shared[r], grown - was, d)
-                    if others:
+                    if others and one:
+                        tw = tt[sum(others) + 1 + w]
+                    elif others:
                         t = {x: seconds([*others, 1 + x]) for x in {int(x) for x in w}}
                         tw = np.array([t[int(x)] for x in w])
                     else:  # alone (every step of one stream): one forward over its width
@@ -214,23 +218,27 @@ class Planner:
     def _together(self, asks, opts, names, alike: list[list[int]], pick: list[int], rate, seconds,
                   paid) -> list[int]:
         """Where no sequence of a batch drafts with a model: all of them on one shared model at one
-        K (``alike``), the best at an optimistic acceptance, where it beats ``pick`` so and its
-        worst case (every draft rejected, every prefill read) fits the ledger's budget over the
-        plain passes the longest answer has left (``specmac.core.tries``)."""
+        K (``alike``) that beats ``pick`` at an optimistic acceptance, the one whose worst case
+        (every draft rejected, every prefill read) costs least, where that fits the ledger's budget
+        over the plain passes the longest answer has left (``specmac.core.tries``). The cheapest,
+        not the one that would pay most: a try buys the model's acceptance, which its first drafts
+        show as well as a wide K's, and a wide K pays only at the optimistic acceptance."""
         lens = [1 + int(opts[j][1][i]) for j, i in enumerate(pick)]
         base = seconds(lens) + paid(pick)[0]
         budget = self.ledger.budget(max(a[0].left() for a in asks) * seconds([1] * len(asks)))
-        best, out = rate(pick), pick
+        plan, out, least = rate(pick), pick, budget
         for a in alike:
             keys = [(names[j][i], int(opts[j][1][i])) for j, i in enumerate(a)]
             spent = seconds([1 + k for _, k in keys]) + paid(a)[0]
-            hope = sum(float(np.cumsum(ask[0].hopeful((x, "model"), k))[k])
-                       for ask, (x, k) in zip(asks, keys))
             read = sum(reading(self.costs, x, ask[2][opts[j][0][i]])
                        for ask, (x, _), j, i in zip(asks, keys, range(len(a)), a))
             worst = spent - sum(float(opts[j][4][i]) for j, i in enumerate(a)) + read - base
-            if hope / spent > best and worst <= budget:
-                best, out = hope / spent, a
+            if worst > least:
+                continue  # past the budget, or dearer than a try already found
+            hope = sum(float(np.cumsum(ask[0].hopeful((x, "model"), k))[k])
+                       for ask, (x, k) in zip(asks, keys))
+            if hope / spent > plan:
+                out, least = a, worst
         return out
 
     def _t(self, n: np.ndarray | int) -> np.ndarray:

@@ -492,6 +492,21 @@ def test_a_batch_tries_a_shared_model_together_within_its_planners_budget():
     assert plan(1e9) == [(None, 0)] * 4
 
 
+def test_a_batchs_try_drafts_the_cheapest_k_that_beats_the_plan():
+    """Four sequences whose shared model pays at no K at its prior (0.3) but at one and two drafts
+    each at the optimistic acceptance, two paying most there: the try drafts one each, the K whose
+    worst case costs least; it shows the model's acceptance as well, and loses least where the
+    prior was right."""
+    class Batching(Model):
+        backend = type("Lanes", (), {"can_batch": True})()
+
+    costs = Costs([1.0] * 4 + [1.0 + 0.05 * n for n in range(1, 30)], {"m": 0.1}, {"m": 0.0})
+    costs.observe_draft("m", 50, 50 * 0.1, lanes=4)  # sharing is free: a pass for four costs one's
+    planner = Planner([Batching((0.3, 4.0, True))], costs)
+    records = [planner.record(1000) for _ in range(4)]
+    assert planner.plan([(r, [], {0: 1}, 16) for r in records]) == [(0, 1)] * 4
+
+
 def test_the_ledger_counts_a_batchs_pass_against_plain_passes_of_the_same_tokens():
     """Four sequences on a shared model, each writing three tokens in a pass of 0.6 s (drafting
     included) where a plain pass of the four takes 0.24 s: the pass gained what twelve tokens at
