@@ -88,12 +88,13 @@ class Planner:
         before it showed (``settle``; a model's own counting for ``SETTLED_WEIGHT`` drafts), at the
         source's weight: requests to a server are alike enough that the last few say more than a
         constant, and a sequence still learns its own text within a few proposals."""
-        priors = {}
+        priors, shown = {}, {}
         for key, (p, w, one_rate) in self.priors.items():
-            a, n = self.done.counts.get(key, (0.0, 0.0))
+            a, shown[key] = self.done.counts.get(key, (0.0, 0.0))
             own = SETTLED_WEIGHT if one_rate else w
-            priors[key] = ((a + p * own) / (n + own), w, one_rate)
-        self.last = Record(max_tokens, self, priors, self.done.length(self.length), self.done.share())
+            priors[key] = ((a + p * own) / (shown[key] + own), w, one_rate)
+        self.last = Record(max_tokens, self, priors, self.done.length(self.length), self.done.share(),
+                           shown)
         return self.last
 
     def settle(self, record: Record) -> None:

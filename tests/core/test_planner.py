@@ -507,6 +507,24 @@ def test_a_batchs_try_drafts_the_cheapest_k_that_beats_the_plan():
     assert planner.plan([(r, [], {0: 1}, 16) for r in records]) == [(0, 1)] * 4
 
 
+def test_a_try_bets_on_no_more_than_the_sequences_done_showed():
+    """Eight sequences whose shared model pays at no K at the 0.83 that 200 drafts of the sequences
+    done showed (170 accepted, beside the source's own prior; nor at 0.87, that rate's optimistic
+    bound), but at every draft accepted: the batch takes plain steps. A prior of the source's own
+    weight (four drafts) at 0.83 would bet on 1.0 and try the model on every pass its budget allows
+    (planted: the shown drafts ignored)."""
+    class Batching(Model):
+        backend = type("Lanes", (), {"can_batch": True})()
+
+    costs = Costs([0.2 + 0.016 * n for n in range(1, 40)], {"m": 0.12}, {"m": 0.0})
+    costs.observe_draft("m", 50, 50 * 0.12, lanes=8)  # sharing is free: a pass for eight costs one's
+    planner = Planner([Batching()], costs)
+    planner.done.counts[("m", "model")] = np.array([170.0, 200.0])
+    records = [planner.record(1000) for _ in range(8)]
+    assert records[0].hopeful(("m", "model"), 1)[1] == pytest.approx(0.87, abs=0.01)
+    assert planner.plan([(r, [], {0: 1}, 16) for r in records]) == [(None, 0)] * 8
+
+
 def test_the_ledger_counts_a_batchs_pass_against_plain_passes_of_the_same_tokens():
     """Four sequences on a shared model, each writing three tokens in a pass of 0.6 s (drafting
     included) where a plain pass of the four takes 0.24 s: the pass gained what twelve tokens at
