@@ -49,7 +49,7 @@ import numpy as np
 from specmac.core.costs import K_MAX, K_MODEL, Costs
 from specmac.core.drafters import Drafter, common_prefix
 from specmac.core.record import LENGTH, MODEL_PRIOR, OPTIMISM, SHARE_PRIOR, Done, Key, Record  # noqa: F401
-from specmac.core.tries import Ledger, reading, try_alone
+from specmac.core.tries import Ledger, try_alone, try_together
 
 K_DEFAULT = 4  # drafts per step unless told otherwise
 HOLD = 3  # tokens a model with a costly prefill waits beside free sources, so their share is seen
@@ -203,7 +203,7 @@ class Planner:
             if self.k is None and all(o[0][i] is None or p.sources[o[0][i]].backend is None
                                       for o, p, i in zip(opts, owners, pick)):
                 alike = [a for a in alike if all(a)]  # every sequence on the model
-                pick = self._together(asks, opts, names, alike, pick, rate, seconds, paid)
+                pick = try_together(self, asks, opts, names, alike, pick, rate, seconds, paid)
         out = [(o[0][i], int(o[1][i])) for o, i in zip(opts, pick)]
         for r, ask in enumerate(asks):  # nothing pays at the means: one sequence a pass tries a model
             owner = ask[0].owner
@@ -214,32 +214,6 @@ class Planner:
             if (tried := try_alone(owner, *ask, batch=batch)) is not None:
                 out[r] = tried
                 break
-        return out
-
-    def _together(self, asks, opts, names, alike: list[list[int]], pick: list[int], rate, seconds,
-                  paid) -> list[int]:
-        """Where no sequence of a batch drafts with a model: all of them on one shared model at one
-        K (``alike``) that beats ``pick`` at an optimistic acceptance, the one whose worst case
-        (every draft rejected, every prefill read) costs least, where that fits the ledger's budget
-        over the plain passes the longest answer has left (``specmac.core.tries``). The cheapest,
-        not the one that would pay most: a try buys the model's acceptance, which its first drafts
-        show as well as a wide K's, and a wide K pays only at the optimistic acceptance."""
-        lens = [1 + int(opts[j][1][i]) for j, i in enumerate(pick)]
-        base = seconds(lens) + paid(pick)[0]
-        budget = self.ledger.budget(max(a[0].left() for a in asks) * seconds([1] * len(asks)))
-        plan, out, least = rate(pick), pick, budget
-        for a in alike:
-            keys = [(names[j][i], int(opts[j][1][i])) for j, i in enumerate(a)]
-            spent = seconds([1 + k for _, k in keys]) + paid(a)[0]
-            read = sum(reading(self.costs, x, ask[2][opts[j][0][i]])
-                       for ask, (x, _), j, i in zip(asks, keys, range(len(a)), a))
-            worst = spent - sum(float(opts[j][4][i]) for j, i in enumerate(a)) + read - base
-            if worst > least:
-                continue  # past the budget, or dearer than a try already found
-            hope = sum(float(np.cumsum(ask[0].hopeful((x, "model"), k))[k])
-                       for ask, (x, k) in zip(asks, keys))
-            if hope / spent > plan:
-                out, least = a, worst
         return out
 
     def _t(self, n: np.ndarray | int) -> np.ndarray:

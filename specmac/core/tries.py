@@ -5,7 +5,7 @@ is still found, and trying never costs more than a few percent of a run.
 A sequence alone tries from its own budget (``try_alone``): ``BUDGET`` of the time it decoded (or,
 if more, of plain decoding over its tokens left), less what its model steps lost so far. A batch
 whose model pays only shared by all of it (one sequence's lane alone would delay the pass for
-all the others) tries all of them on it at once (``Planner.plan``), from the budget of every pass
+all the others) tries all of them on it at once (``try_together``), from the budget of every pass
 its planner ran (``Ledger``: a server's, over all its requests, since what the try shows joins
 the priors of the requests after it).
 """
@@ -80,3 +80,30 @@ def try_alone(planner, record, offers, behind: Mapping[int, int], room: int, bat
             j = int(np.argmax(np.where(ok, rate, -1.0)))
             best, pick = float(rate[j]), (i, int(ks[j]))
     return pick
+
+
+def try_together(planner, asks, opts, names, alike: list[list[int]], pick: list[int], rate, seconds,
+                 paid) -> list[int]:
+    """Where no sequence of a batch drafts with a model: all of them on one shared model at one K
+    (``alike``, option indices per sequence into ``opts``, ``Planner.plan``'s options) that beats
+    ``pick`` at an optimistic acceptance, the one whose worst case (every draft rejected, every
+    prefill read) costs least, where that fits the planner's ``Ledger`` budget over the plain
+    passes the longest answer has left. The cheapest, not the one that would pay most: a try buys
+    the model's acceptance, which its first drafts show as well as a wide K's, and a wide K pays
+    only at the optimistic acceptance. ``rate``, ``seconds``, ``paid``: the plan's pricing."""
+    lens = [1 + int(opts[j][1][i]) for j, i in enumerate(pick)]
+    base = seconds(lens) + paid(pick)[0]
+    budget = planner.ledger.budget(max(a[0].left() for a in asks) * seconds([1] * len(asks)))
+    plan, out, least = rate(pick), pick, budget
+    for a in alike:
+        keys = [(names[j][i], int(opts[j][1][i])) for j, i in enumerate(a)]
+        spent = seconds([1 + k for _, k in keys]) + paid(a)[0]
+        read = sum(reading(planner.costs, x, ask[2][opts[j][0][i]])
+                   for ask, (x, _), j, i in zip(asks, keys, range(len(a)), a))
+        worst = spent - sum(float(opts[j][4][i]) for j, i in enumerate(a)) + read - base
+        if worst > least:
+            continue  # past the budget, or dearer than a try already found
+        hope = sum(float(np.cumsum(ask[0].hopeful((x, "model"), k))[k]) for ask, (x, k) in zip(asks, keys))
+        if hope / spent > plan:
+            out, least = a, worst
+    return out
