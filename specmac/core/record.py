@@ -36,7 +36,7 @@ class Record:
         self.priors, self.decay = priors, float(owner.decay)
         # per (source, kind): the drafts the sequences done showed, behind its prior's mean: a try's
         # optimism narrows with them (``hopeful``), where the record's learning still leans on w
-        self.shown = dict(shown or {})
+        self.shown = shown or {}
         self.reached: dict[Key, np.ndarray] = {}
         self.accepted: dict[Key, np.ndarray] = {}
         # per (source, kind), never decayed: [accepted, reached] of what its prior stands for (the
@@ -84,8 +84,8 @@ class Record:
         """[m + 1] alpha^j, j = 0..m, at an optimistic acceptance of a source of one rate: its
         posterior mean plus ``OPTIMISM`` standard deviations (at most 1), the rate a try bets on.
         The prior counts for its weight and the drafts the sequences done showed of it (``shown``):
-        a model many drafts showed at 0.88 is not bet on at 1.0, a prior of four drafts' weight
-        alone would be."""
+        a rate many drafts showed has a narrow bound, where the source's weight alone would put a
+        high mean's bound at every draft accepted, and a try would bet on it pass after pass."""
         p, w, _ = self.priors.get(key, MODEL_PRIOR)
         w += self.shown.get(key, 0.0)
         a, b = p * w, (1 - p) * w

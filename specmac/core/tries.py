@@ -99,7 +99,7 @@ def try_together(planner, asks, opts, names, alike: list[list[int]], pick: list[
         keys = [(names[j][i], int(opts[j][1][i])) for j, i in enumerate(a)]
         spent = seconds([1 + k for _, k in keys]) + paid(a)[0]
         read = sum(reading(planner.costs, x, ask[2][opts[j][0][i]])
-                   for ask, (x, _), j, i in zip(asks, keys, range(len(a)), a))
+                   for j, (ask, (x, _), i) in enumerate(zip(asks, keys, a)))
         worst = spent - sum(float(opts[j][4][i]) for j, i in enumerate(a)) + read - base
         if worst > least:
             continue  # past the budget, or dearer than a try already found
