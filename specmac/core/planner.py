@@ -150,7 +150,7 @@ class Planner:
                     alone += opts[j][3][i]
             return alone + sum(v * scale[x][count[x]] for x, v in most.items()), most, count
 
-        tt = self._t(np.arange(len(opts) * (2 + max(int(o[1].max()) for o in opts)) + 1))
+        tt = self.pass_seconds(np.arange(len(opts) * (2 + max(int(o[1].max()) for o in opts)) + 1))
 
         one = forwards([1, 2]) == [3]  # one forward over unequal widths: a pass costs its sum's
 
@@ -193,7 +193,7 @@ class Planner:
 
         pick = ascend([0] * len(opts))
         if len(opts) > 1:  # the second start: each sequence at its best alone
-            solo = ascend([int(np.argmax(e / (self._t(1 + w) + d))) for _, w, e, d, _ in opts])
+            solo = ascend([int(np.argmax(e / (self.pass_seconds(1 + w) + d))) for _, w, e, d, _ in opts])
             # the third: all on one shared model at one K, the best such (each alone would pick a
             # wider K than pays for all, and no one sequence leaving plain finds what pays together)
             at = [{(x, int(w)): i for i, (x, w, sh) in enumerate(zip(names[j], o[1], shared[j])) if sh}
@@ -216,7 +216,7 @@ class Planner:
                 break
         return out
 
-    def _t(self, n: np.ndarray | int) -> np.ndarray:
+    def pass_seconds(self, n: np.ndarray | int) -> np.ndarray:
         """Seconds of a pass over n tokens; past the curve, along the mean step of its wider half or,
         if more, of all of it: never nearly free, and one jump (noise, a tile boundary) paid once."""
         c, n = self.costs.curve(), np.asarray(n)
@@ -234,10 +234,10 @@ class Planner:
         fixed = self.k is not None
         cap = min(room, self.k if fixed else self.costs.widest(K_MAX + 1) - 1)
         for i, n_behind in behind.items():
-            ks = self._model_widths(record, i, n_behind, room)
+            ks = self.model_widths(record, i, n_behind, room)
             if ks is None:
                 continue
-            ex, _, passes, share = self._model_step(record, i, n_behind, ks)
+            ex, _, passes, share = self.model_step(record, i, n_behind, ks)
             if n_behind > 2 and (self.sources[i].name, "model") not in record.reached:  # not started yet
                 self._explain(record, n_behind, ex, passes, share, ks)
             src += [i] * len(ks)
@@ -245,7 +245,7 @@ class Planner:
             e += [float(x) for x in ex]
             d += [float(x) for x in passes + share]
             pre += [float(x) for x in share]
-        t = self._t(np.asarray(w) + 1)
+        t = self.pass_seconds(np.asarray(w) + 1)
         # a started model that beats a plain step: free sources' guesses no longer compete with it
         started = any(s is not None and behind[s] <= record.n_out and e[j] / (t[j] + d[j]) > 1 / t[0]
                       for j, s in enumerate(src))
@@ -277,9 +277,9 @@ class Planner:
         kinds = [k for k in source.priors if k not in source.guesses] or list(source.priors)
         ex = np.cumsum(record.pooled([(source.name, k) for k in kinds], cap))
         ws = np.arange(1, cap + 1)
-        return int(ws[np.argmax(ex[ws] / self._t(ws + 1))]) if cap else 0
+        return int(ws[np.argmax(ex[ws] / self.pass_seconds(ws + 1))]) if cap else 0
 
-    def _model_widths(self, record: Record, i: int, n_behind: int, room: int) -> np.ndarray | None:
+    def model_widths(self, record: Record, i: int, n_behind: int, room: int) -> np.ndarray | None:
         """The K a model source may draft this step (a fixed K: that one), or None: it cannot be
         weighed in seconds yet, or it waits beside free sources while its prefill is dear."""
         name, costs = self.sources[i].name, self.costs
@@ -291,7 +291,7 @@ class Planner:
             return None  # the free sources are tried first: a text they copy would not pay the prefill back
         return np.array([top]) if self.k is not None else np.arange(1, top + 1)
 
-    def _model_step(self, record: Record, i: int, n_behind: int, ks: np.ndarray):
+    def model_step(self, record: Record, i: int, n_behind: int, ks: np.ndarray):
         """(E(K), P(all K accepted), the draft's passes in seconds, its prefill's share of the step)
         for each K in ``ks`` (ascending) of model source i: K passes and, where all K are accepted,
         a pass catching it up; its prefill of the ``n_behind`` tokens it has not seen, spread over
@@ -328,12 +328,12 @@ class Planner:
         offers = [(j, d[:top], kind) for j, d, kind in offers if kind not in self.sources[j].guesses]
         if self.k is not None or top < 1 or not offers:
             return None
-        ex, s, passes, share = (x[0] for x in self._model_step(record, i, n_behind, np.array([k])))
-        best, pick = ex / (self._t(k + 1) + passes + share), None
+        ex, s, passes, share = (x[0] for x in self.model_step(record, i, n_behind, np.array([k])))
+        best, pick = ex / (self.pass_seconds(k + 1) + passes + share), None
         for j, drafts, kind in offers:
             gain = np.cumsum(record.survival((self.sources[j].name, kind), len(drafts)))[1:] - 1.0
             ws = np.arange(1, len(drafts) + 1)
-            rate = (ex + s * gain) / (self._t(k + 1 + ws) + passes + share)
+            rate = (ex + s * gain) / (self.pass_seconds(k + 1 + ws) + passes + share)
             if rate.max() > best:
                 best, pick = float(rate.max()), (j, drafts[: int(ws[np.argmax(rate)])], kind)
         return pick
@@ -366,7 +366,7 @@ class Planner:
                 self.costs.observe_draft(name, k + (behind == 2), t_draft)
         record.elapsed += t_draft + t_step
         if self.k is None:  # what model steps lost against plain ones: the sequence's, the planner's
-            plain, model = float(self._t(n_batch)), src is not None and not free
+            plain, model = float(self.pass_seconds(n_batch)), src is not None and not free
             if model:  # in a pass of n sequences: the seconds it delayed the pass (a plain one: T(n))
                 # less its tokens beyond one, at the pass's price per token (alone: t - len(committed) T(1))
                 record.lost += t_draft + t_step - plain - (len(committed) - 1) * plain / n_batch

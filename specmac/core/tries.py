@@ -61,17 +61,17 @@ def try_alone(planner, record, offers, behind: Mapping[int, int], room: int, bat
     it. -> (source, K) or None."""
     t = planner.costs.curve()
     budget = BUDGET * max(record.elapsed, record.left() * t[1]) - record.lost
-    lens, got, spent, seconds = batch or ([], 0.0, 0.0, lambda ws: float(planner._t(sum(ws))))
+    lens, got, spent, seconds = batch or ([], 0.0, 0.0, lambda ws: float(planner.pass_seconds(sum(ws))))
     base = seconds([*lens, 1]) + spent
     best, pick = (got + 1.0) / base, None
     for i, n_behind in behind.items():
-        ks = planner._model_widths(record, i, n_behind, room)
+        ks = planner.model_widths(record, i, n_behind, room)
         if ks is None:
             continue
-        ex, _, passes, share = planner._model_step(record, i, n_behind, ks)
+        ex, _, passes, share = planner.model_step(record, i, n_behind, ks)
         name = planner.sources[i].name
         hope = np.cumsum(record.hopeful((name, "model"), int(ks[-1])))[ks]
-        width = (planner._t(ks + 1) if batch is None  # alone: one forward over its width
+        width = (planner.pass_seconds(ks + 1) if batch is None  # alone: one forward over its width
                  else np.array([seconds([*lens, 1 + int(k)]) for k in ks]) + spent)
         rate = (got + hope) / (passes + width + hope * (share / ex))  # a hopeful step, its prefill share
         prefill = reading(planner.costs, name, n_behind)

@@ -616,7 +616,7 @@ def test_an_extension_stays_within_the_widths_the_costs_have_seen():
     assert ext is not None and 1 <= len(ext[1]) <= 9 - 1 - 4
     assert planner.extend(record, [(1, list(range(100, 140)), "x")], (0, 8), 1) is None
     noisy = Planner(planner.sources, Costs([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.79], {"m": 0.05}))
-    wide = noisy._t(np.array([9, 20, 60]))
+    wide = noisy.pass_seconds(np.array([9, 20, 60]))
     assert (np.diff(wide) > 0).all() and wide[-1] > 0.79 + 0.08 * 50
 
 
@@ -626,7 +626,7 @@ def test_a_curve_is_extended_by_its_wider_halfs_slope_not_by_its_last_step():
     step of its wider half: the jump is paid once, not again at every width after it, and the
     passes past it still cost more the wider they are."""
     tiles = Planner([Model(), Free()], Costs([1.0] * 32 + [1.5], {"m": 0.05}))
-    t33, t40, t64 = (float(x) for x in tiles._t(np.array([33, 40, 64])))
+    t33, t40, t64 = (float(x) for x in tiles.pass_seconds(np.array([33, 40, 64])))
     assert t33 == 1.5 and 1.5 < t40 < t64 < 2.5
 
 
