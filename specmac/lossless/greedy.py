@@ -7,8 +7,8 @@ target's top two logits are closer than that difference the argmax can flip: a *
 expected and harmless. A mismatch where the gap is larger than the batched-vs-serial difference
 at that very point cannot come from round-off: it is a bug (verdict FAIL). A target whose logits
 come rounded to a 16-bit float (a bf16 or fp16 torch model) has one more: a gap of one unit of that
-rounding at the top logit is a tie too, as the cache rows the run computed in passes of other
-widths round differently and recomputing the one pass at the parting does not replay them.
+rounding at the top logit is a tie too: the diagnosis replays the widths of the run's passes,
+which is where a kernel's rounding changes, and a 16-bit row rounds away what lies below its unit.
 """
 
 from __future__ import annotations
@@ -33,27 +33,52 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def rows_at(pair: Pair, full: list[int], start: int, at: int, width: int,
-            cut: int = 0) -> tuple[np.ndarray, np.ndarray]:
+            cut: int = 0, steps: Sequence[tuple[int, int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The target's logits [V] for the token at index ``at`` of ``full``: (serial, batched).
     Serial: prompt prefill then one-token passes, as plain decoding runs. Batched: the pass
     of the speculative step that began at index ``start``, ``width`` tokens wide (causal, so the
     tokens after ``at`` only pad it to the width it had); with ``cut``, its past processed in two
-    pieces split there, as a run that found ``full[:cut]`` held (an earlier turn) processed it."""
+    pieces split there, as a run that found ``full[:cut]`` held (an earlier turn) processed it;
+    with ``steps`` (a list, maybe empty), the run's steps before it, (width of its pass, tokens it
+    committed) each, replayed pass by pass after the prompt, and plain decoding's one-token passes
+    after the prompt on the serial side: the cache rows each reads are then rounded as each run's
+    were (a kernel's rounding follows the pass's width, not the padding's values), so a flip at a
+    plain step after batched ones is measured too."""
     t, V = pair.target, pair.target.vocab.size
+    pos = start - 1 - sum(n for _, n in steps or ())  # where the run's first pass begins
     t.reset()
     try:
-        if at > 1:
-            t.prefill(full[: at - 1])
+        first = pos if steps is not None else at - 1  # prefilled; one token a pass from there
+        if first > 0:
+            t.prefill(full[:first])
+        for j in range(first, at - 1):
+            t.score([full[j]])
         serial = align_logits(t.score([full[at - 1]]), V)[0]
-        t.reset()
-        for a, b in ((0, cut), (cut, start - 1)) if 0 < cut < start - 1 else ((0, start - 1),):
-            if b > a:
-                t.prefill(full[a:b])
+        if not _replayed(t, full, pos, cut, steps or ()):  # a rewind that misses its mark is
+            _replayed(t, full, start - 1, cut, ())  # what is wrong: the history read in one piece
         batch = full[start - 1 : start - 1 + width]
         batched = align_logits(t.score(batch), V)[at - start]
     finally:
         t.reset()
     return serial.astype(np.float64), batched.astype(np.float64)
+
+
+def _replayed(t, full: list[int], pos: int, cut: int, steps: Sequence[tuple[int, int]]) -> bool:
+    """The target's cache made to hold ``full[:pos]`` (in two pieces split at ``cut``), then the
+    ``steps`` after it pass by pass, each rewound to what it committed. False where a rewind left
+    the cache another length than asked: then it is the rewind under test, not rounding, that the
+    history would replay."""
+    t.reset()
+    for a, b in ((0, cut), (cut, pos)) if 0 < cut < pos else ((0, pos),):
+        if b > a:
+            t.prefill(full[a:b])
+    for w, n in steps:
+        t.score((full[pos : pos + w] + [0] * w)[:w])
+        pos += n
+        t.rewind(pos)
+        if t.n_past != pos:
+            return False
+    return True
 
 
 def step_of(events: Sequence, i: int) -> tuple[int, int]:
@@ -69,10 +94,13 @@ def step_of(events: Sequence, i: int) -> tuple[int, int]:
 
 def diagnose(pair: Pair, prompt: Sequence[int], *, k: int, max_tokens: int) -> dict:
     """Greedy speculative and plain continuations of ``prompt``; where they part, the
-    target's top-2 logit gap there and the batched-vs-serial logit difference at that point."""
-    events = list(pair.stream(prompt, params=GREEDY, max_tokens=max_tokens, k=k))
+    target's top-2 logit gap there and the batched-vs-serial logit difference at that point.
+    Both start from empty caches, as the runs it explains do: a prompt partly held from the
+    generation before would be read in pieces (its last token alone at least), a rounding of its
+    own that the batched-vs-serial difference at the parting does not measure."""
+    events = list(pair.stream(prompt, params=GREEDY, max_tokens=max_tokens, k=k, reuse=False))
     spec = [t for e in events for t in e.tokens]
-    base = pair.plain().generate(prompt, params=GREEDY, max_tokens=max_tokens).token_ids
+    base = pair.plain().generate(prompt, params=GREEDY, max_tokens=max_tokens, reuse=False).token_ids
     i = first_difference(spec, base)
     if i is None:
         return {"match": True}
@@ -80,7 +108,13 @@ def diagnose(pair: Pair, prompt: Sequence[int], *, k: int, max_tokens: int) -> d
     P = len(prompt)
     # both continuations agree before i; pad the batch with the speculative tokens after i
     full = list(prompt) + spec[: i] + (spec[i:] + base[i:] + [0] * width)[: width]
-    serial, batched = rows_at(pair, full, P + step_start, P + i, width)
+    before, done = [], 0  # the run's steps before the parting one: their passes are replayed
+    for e in events:
+        if done >= step_start:
+            break
+        before.append((e.n_drafted + 1, len(e.tokens)))
+        done += len(e.tokens)
+    serial, batched = rows_at(pair, full, P + step_start, P + i, width, steps=before)
     top2 = np.sort(serial)[-2:]
     gap, delta = float(top2[1] - top2[0]), float(np.max(np.abs(batched - serial)))
     unit = rounding_unit(serial)
