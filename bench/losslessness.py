@@ -4,11 +4,14 @@
     python bench/losslessness.py --embedded --tokens 600 --out /tmp/lossless   # a smoke run
     python bench/losslessness.py samplers [--models-dir DIR] [--out results/samplers]
     python bench/losslessness.py turns [--models-dir DIR] --out results/turns/MACHINE
+    python bench/losslessness.py partings results/workloads/MACHINE/results.json
 
 ``samplers``: what the coupled sampler costs beside the rejection rule on the same pair (acceptance,
 tokens/s, the seed-exact check, the per-position cost of its noise): bench/lib/samplers.py.
 ``turns``: the round-off of a prompt processed in pieces (a conversation's reused cache) against one
 piece, and `specmac verify --exact --turns` on full-precision targets: bench/lib/turns.py.
+``partings``: a `specmac compare` record's greedy partings it called bugs, diagnosed again with this
+checkout's diagnosis: bench/lib/partings.py.
 
 Default pairings: Qwen2.5-Coder 0.5B -> 1.5B Q4_K_M (../shared/models/materialize.sh DIR qwen),
 gguf -> gguf and gguf draft -> torch bf16 target (the 1.5B GGUF file dequantised to bf16 by the torch
@@ -61,6 +64,11 @@ def main() -> int:
         from lib.turns import main as turns
 
         turns(sys.argv[2:])
+        return 0
+    if sys.argv[1:2] == ["partings"]:
+        from lib.partings import main as partings
+
+        partings(sys.argv[2:])
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_models_dir(ap)
