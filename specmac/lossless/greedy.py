@@ -108,12 +108,9 @@ def diagnose(pair: Pair, prompt: Sequence[int], *, k: int, max_tokens: int) -> d
     P = len(prompt)
     # both continuations agree before i; pad the batch with the speculative tokens after i
     full = list(prompt) + spec[: i] + (spec[i:] + base[i:] + [0] * width)[: width]
-    before, done = [], 0  # the run's steps before the parting one: their passes are replayed
-    for e in events:
-        if done >= step_start:
-            break
-        before.append((e.n_drafted + 1, len(e.tokens)))
-        done += len(e.tokens)
+    # the run's steps before the parting one (their passes' widths, their tokens), to be replayed
+    ends = np.cumsum([len(e.tokens) for e in events])
+    before = [(e.n_drafted + 1, len(e.tokens)) for e, end in zip(events, ends) if end <= step_start]
     serial, batched = rows_at(pair, full, P + step_start, P + i, width, steps=before)
     top2 = np.sort(serial)[-2:]
     gap, delta = float(top2[1] - top2[0]), float(np.max(np.abs(batched - serial)))
