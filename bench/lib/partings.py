@@ -1,13 +1,14 @@
-"""The greedy partings a `specmac compare` record could not explain, diagnosed again with this
-checkout's diagnosis (``specmac.lossless.greedy.diagnose``): a record keeps the verdicts of the
-commit that made it, and a better diagnosis should not need the whole suite run again.
+"""The greedy partings of a `specmac compare` record, diagnosed again with this checkout's
+diagnosis: a record keeps the verdicts of the commit that made it, and a better diagnosis should
+not need the whole suite run again.
 
     python bench/losslessness.py partings results/workloads/MACHINE/results.json
 
-For each (configuration, prompt) the record lists as "NOT near-tie", the same pair (the record's
-backends and model files), the same prompt (through the chat template where the record used one),
-K and max_tokens, from empty caches; writes rediagnosed.json beside the record (or ``--out``):
-the recorded verdict and the new one, side by side. Greedy records only.
+The record's settings (pairings, backends with their models and options, prompts, chat template,
+max_tokens per category) are loaded as compare loaded them, and compare's own step
+(``specmac.compare.measure.diagnose_greedy``) diagnoses every (configuration, prompt) whose output
+parted from plain decoding's. Writes rediagnosed.json beside the record (or ``--out``): per
+configuration, the recorded partings and the new ones. Greedy records only.
 """
 
 from __future__ import annotations
@@ -15,14 +16,25 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import time
 from pathlib import Path
 
 from lib.machine import take_machine
-from specmac.api import Pair
-from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts
+from specmac.compare.measure import diagnose_greedy, load_models
+from specmac.compare.prompts import PACKAGED_WORKLOAD, read_prompts, select
 from specmac.compare.results import provenance, write_json
-from specmac.lossless.greedy import diagnose
+from specmac.compare.settings import Settings, parse_pair
+from specmac.core.sampling import SamplingParams
+
+
+def settings_of(record: dict, prompts_path: str) -> Settings:
+    """The Settings a compare record was measured with (its prompts read again from ``prompts_path``)."""
+    st = record["settings"]
+    by_id = {p["id"]: p for p in read_prompts(prompts_path, turns="all")}
+    prompts = select([by_id[i] for i in st["prompts"]], max_tokens_for=st.get("max_tokens_for"))
+    return Settings(pairs=[parse_pair(p) for p in st["pairs"]], ks=list(st["k"]), prompts=prompts,
+                    params=SamplingParams(**st["sampling"]), max_tokens=st["max_tokens"],
+                    repeats=st["repeats"], seed=st["seed"], backends=st["backends"], chat=st["chat"],
+                    max_tokens_for=st.get("max_tokens_for") or {})
 
 
 def main(argv: list[str]) -> None:
@@ -34,33 +46,18 @@ def main(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     take_machine(shlex.join(["python", "bench/losslessness.py", "partings", *argv]))
     record = json.loads(args.record.read_text())
-    settings, backends = record["settings"], record["settings"]["backends"]
-    prompts = {p["id"]: p for p in read_prompts(args.prompts, turns="all")}
-    pairs: dict[str, Pair] = {}
-    rows = []
-    for row in record["results"]:
-        for m in row.get("greedy_mismatches") or []:
-            if m["near_tie"]:
-                continue
-            draft, target, k = row["draft"], row["target"], row["k"]
-            if row["config"] not in pairs:
-                model = draft.split("+")[-1]  # the model source of a hybrid, or the draft itself
-                pairs[row["config"]] = Pair.load(
-                    target, draft, target_model=backends.get(target, {}).get("target_model"),
-                    draft_model=backends.get(model, {}).get("draft_model") if model in backends else None)
-            pair, p = pairs[row["config"]], prompts[m["prompt"]]
-            text = (pair.target.apply_chat_template(p.get("messages") or p["text"]) if settings["chat"]
-                    else p["text"])
-            t0 = time.perf_counter()
-            new = diagnose(pair, pair.encode(text), k=k if k == "auto" else int(k),
-                           max_tokens=(settings.get("max_tokens_for") or {}).get(p.get("category"),
-                                                                                 settings["max_tokens"]))
-            rows.append({"config": row["config"], "prompt": m["prompt"],
-                         "recorded": {x: m[x] for x in ("first_difference", "top2_gap", "batched_vs_serial",
-                                                         "near_tie")},
-                         "rediagnosed": new, "seconds": round(time.perf_counter() - t0, 1)})
-            verdict = new.get("near_tie", "no parting")
-            print(f"{row['config']} {m['prompt']}: near tie {m['near_tie']} -> {verdict}", flush=True)
+    settings = settings_of(record, args.prompts)
+    if not settings.params.greedy:
+        raise SystemExit(f"{args.record}: not a greedy record: no partings to diagnose")
+    recorded = {r["config"]: r.get("greedy_mismatches") or [] for r in record["results"]}
+    results = [{k: v for k, v in r.items() if k not in ("greedy_mismatches", "greedy_unexplained")}
+               for r in record["results"]]
+    diagnose_greedy(results, record["runs"], settings, load_models(settings))
+    rows = [{"config": r["config"], "recorded": recorded[r["config"]], "rediagnosed": r["greedy_mismatches"],
+             "unexplained": r["greedy_unexplained"]} for r in results if "greedy_mismatches" in r]
+    for r in rows:
+        print(f"{r['config']}: {len(r['rediagnosed'])} partings, {r['unexplained']} not near ties "
+              f"(recorded: {sum(not m['near_tie'] for m in r['recorded'])})", flush=True)
     out = args.out or args.record.with_name("rediagnosed.json")
     write_json(out, {"provenance": provenance(), "record": str(args.record),
                      "record_commit": record["provenance"].get("git_sha"), "rows": rows})
